@@ -1,0 +1,71 @@
+"""Durations in the config: a number of milliseconds, or a string such as `30m` or `2w`."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Final
+
+MS_PER_UNIT: Final[dict[str, int]] = {
+    "ms": 1,
+    "s": 1_000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 604_800_000,
+}
+
+_DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+
+
+def parse_duration(value: object) -> int:
+    """Return the duration `value` in whole milliseconds.
+
+    Args:
+        value: an int or float number of milliseconds, or a string `<number><unit>` with unit
+            one of ms, s, m, h, d, w (e.g. `500ms`, `1.5h`, `7d`).
+
+    Returns:
+        The duration in milliseconds, >= 0.
+
+    Raises:
+        ValueError: with a message that says what was wrong and what is accepted.
+    """
+    if isinstance(value, bool):
+        msg = f"must be a duration such as 30m or a number of milliseconds (got {value!r})"
+        raise ValueError(msg)
+    if isinstance(value, int | float):
+        return _whole_ms(float(value), value)
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match is None:
+            msg = (
+                f"must be a duration such as 500ms, 30s, 30m, 12h, 7d or 2w (got {value!r:.40})"
+            )
+            raise ValueError(msg)
+        number, unit = match.groups()
+        return _whole_ms(float(number) * MS_PER_UNIT[unit], value)
+    msg = f"must be a duration such as 30m or a number of milliseconds (got {type(value).__name__})"
+    raise ValueError(msg)
+
+
+def _whole_ms(ms: float, original: object) -> int:
+    if not math.isfinite(ms):
+        msg = f"must be a finite duration (got {original!r:.40})"
+        raise ValueError(msg)
+    if ms < 0:
+        msg = f"must not be negative (got {original!r:.40})"
+        raise ValueError(msg)
+    if ms != int(ms):
+        msg = f"must be a whole number of milliseconds (got {original!r:.40})"
+        raise ValueError(msg)
+    return int(ms)
+
+
+def format_duration(ms: int) -> str | int:
+    """Return `ms` as the shortest exact duration string (`7d`), or the int when none fits."""
+    for unit in ("w", "d", "h", "m", "s"):
+        size = MS_PER_UNIT[unit]
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return ms

@@ -1,0 +1,216 @@
+"""Reads and reveals: `predict`, `should_reveal`, `explain`, `mark_revealed`.
+
+Each intent is a Beta(α, β): α0 = prior·priorWeight and β0 = (1 − prior)·priorWeight, plus the
+evidence its signals added, decayed toward the prior with the intent's halfLife. Reads show the
+state as of `at` (a timed-out episode closed, passed attribution windows settled, counts and
+evidence decayed) and store nothing: the next `observe` stores the same verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.config import IntentConfig
+from engine.episodes import clamp_time, close_timed_out, settle
+from engine.errors import UnknownIntentError
+from engine.learning import counts_at, decay_factor, effective_weight
+from engine.state import EngineState, IntentState
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """An intent's estimate at one moment."""
+
+    p: float
+    """Posterior mean α / (α + β)."""
+    sd: float
+    """Posterior standard deviation sqrt(αβ / ((α+β)²(α+β+1)))."""
+    lower: float
+    """p − z·sd; a reveal needs it at or above the threshold too."""
+    alpha: float
+    beta: float
+    reveal: bool
+    """p ≥ threshold, lower ≥ threshold and no cooldown running (same as `should_reveal`)."""
+    suppressed_until: int | None
+    """End (epoch ms, exclusive) of the later cooldown still running, else None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Hits and misses as of the read's time."""
+
+    hits: float
+    misses: float
+
+
+@dataclass(frozen=True, slots=True)
+class SignalExplanation:
+    """One declared signal's part in an intent, as of the read's time."""
+
+    initial: float
+    """w0, the weight in the config."""
+    learned: float
+    """gain × |w0| × score; 0 while the signal was never seen."""
+    effective: float
+    """The blend of initial and learned that the next occurrence would add (before /n)."""
+    lift: float
+    """The raw association measure (learning.lift); 0 while never seen."""
+    score: float
+    """The measure's evidence score in [−1, 1]."""
+    hits: float
+    misses: float
+    seen: int
+    """Occurrences in the open episode since the intent's last outcome."""
+    contribution: float
+    """Evidence it still adds: positive to α, negative to β."""
+    impact: float
+    """p minus the p without this signal's contribution."""
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why an intent's p is what it is."""
+
+    intent: str
+    at: int
+    p: float
+    alpha: float
+    beta: float
+    episodes: Counts
+    """The base rate: episodes with (hits) and without (misses) the outcome."""
+    signals: Mapping[str, SignalExplanation]
+
+
+def as_of(state: EngineState, at: int) -> EngineState:
+    """The state as a read at `at` shows it (nothing is stored)."""
+    return settle(close_timed_out(state, at).state, at)
+
+
+def predict(state: EngineState, intent: str, at: int) -> Prediction:
+    """Return the intent's prediction as of `at`.
+
+    Args:
+        state: the user's state (not modified).
+        intent: a declared intent name.
+        at: epoch milliseconds (an earlier time than the state's clock reads at the clock).
+
+    Returns:
+        The `Prediction`.
+
+    Raises:
+        UnknownIntentError: if the config does not declare `intent`.
+        InvalidTimeError: if `at` is not an int.
+    """
+    config = _intent_config(state, intent)
+    at = clamp_time(state, at)
+    return _prediction(as_of(state, at).intents[intent], config, at)
+
+
+def should_reveal(state: EngineState, intent: str, at: int) -> bool:
+    """True when the intent's prompt should be shown now (`predict(...).reveal`)."""
+    return predict(state, intent, at).reveal
+
+
+def mark_revealed(state: EngineState, intent: str, at: int) -> EngineState:
+    """Record that the app showed the intent's prompt at `at`: a cooldown starts.
+
+    Raises:
+        UnknownIntentError: if the config does not declare `intent`.
+        InvalidTimeError: if `at` is not an int.
+    """
+    _intent_config(state, intent)
+    at = clamp_time(state, at)
+    current = state.intents[intent]
+    intents = dict(state.intents)
+    intents[intent] = IntentState(
+        current.episodes,
+        current.learned,
+        current.evidence,
+        current.seen,
+        current.resolved,
+        current.pending,
+        current.last_outcome_at,
+        at,
+    )
+    return EngineState(state.config, state.episode, intents, at)
+
+
+def explain(state: EngineState, intent: str, at: int) -> Explanation:
+    """Return per signal its weights, counts, contribution and impact, as of `at`.
+
+    Raises:
+        UnknownIntentError: if the config does not declare `intent`.
+        InvalidTimeError: if `at` is not an int.
+    """
+    config = _intent_config(state, intent)
+    at = clamp_time(state, at)
+    view = as_of(state, at)
+    current = view.intents[intent]
+    alpha, beta = beta_parameters(current, config, at)
+    p = alpha / (alpha + beta)
+    learning = state.config.learning
+    signals = {}
+    for signal, initial in config.signals.items():
+        lift, score, learned, effective = effective_weight(current, config, learning, signal, at)
+        record = current.learned.get(signal)
+        hits, misses = (0.0, 0.0) if record is None else counts_at(
+            record, at, learning.half_life_ms)
+        plus, minus = _evidence_at(current, signal, config, at)
+        without = (alpha - plus) / (alpha - plus + beta - minus)
+        signals[signal] = SignalExplanation(
+            initial, learned, effective, lift, score, hits, misses,
+            current.seen.get(signal, 0), plus - minus, p - without,
+        )
+    outcomes, without_outcome = counts_at(current.episodes, at, learning.half_life_ms)
+    return Explanation(intent, at, p, alpha, beta, Counts(outcomes, without_outcome), signals)
+
+
+def beta_parameters(intent: IntentState, config: IntentConfig, at: int) -> tuple[float, float]:
+    """Return (α, β) at `at`: the prior plus every signal's evidence decayed to `at`."""
+    alpha = config.prior * config.prior_weight
+    beta = (1.0 - config.prior) * config.prior_weight
+    for signal in sorted(intent.evidence):  # sorted: float sums must not depend on dict order
+        plus, minus = _evidence_at(intent, signal, config, at)
+        alpha += plus
+        beta += minus
+    return alpha, beta
+
+
+def suppressed_until(intent: IntentState, config: IntentConfig, at: int) -> int | None:
+    """End of the later cooldown (after a reveal, after an outcome) still running at `at`."""
+    ends = [
+        start + config.cooldown_ms
+        for start in (intent.last_revealed_at, intent.last_outcome_at)
+        if start is not None and at < start + config.cooldown_ms
+    ]
+    return max(ends) if ends else None
+
+
+def _prediction(intent: IntentState, config: IntentConfig, at: int) -> Prediction:
+    alpha, beta = beta_parameters(intent, config, at)
+    total = alpha + beta
+    p = alpha / total
+    sd = math.sqrt(alpha * beta / (total * total * (total + 1.0)))
+    lower = p - config.z * sd
+    until = suppressed_until(intent, config, at)
+    reveal = p >= config.threshold and lower >= config.threshold and until is None
+    return Prediction(p, sd, lower, alpha, beta, reveal, until)
+
+
+def _evidence_at(
+    intent: IntentState, signal: str, config: IntentConfig, at: int
+) -> tuple[float, float]:
+    evidence = intent.evidence.get(signal)
+    if evidence is None:
+        return 0.0, 0.0
+    factor = decay_factor(at - evidence.at, config.half_life_ms)
+    return evidence.alpha * factor, evidence.beta * factor
+
+
+def _intent_config(state: EngineState, intent: str) -> IntentConfig:
+    config = state.config.intents.get(intent)
+    if config is None:
+        raise UnknownIntentError(intent, tuple(state.config.intents))
+    return config

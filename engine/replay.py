@@ -1,0 +1,163 @@
+"""Offline replay: a stream of user events through one engine state per user.
+
+This is the reference the stream processor is held to: for the same events, the live pipeline
+must publish the same predictions and closed episodes and store the same states. Both call
+`apply_event` and `close_due`, so the decisions are made in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from engine.config import EngineConfig
+from engine.episodes import ClosedEpisode, clamp_time, close_if_due, end_episode_transition
+from engine.observe import observe_transition
+from engine.predict import Prediction, mark_revealed, predict
+from engine.state import EngineState, create_state
+
+EventType = Literal["event", "end", "revealed"]
+
+END_OF_TIME: Final = (1 << 63) - 1
+"""The default watermark at the end of a replay: every open episode with a timeout is due."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One input: an analytics event, a sign-out (`end`) or a reveal (`revealed`)."""
+
+    user: str
+    at: int
+    """Epoch milliseconds."""
+    name: str | None = None
+    """The event name; required for type "event"."""
+    type: EventType = "event"
+    intent: str | None = None
+    """The intent shown, for type "revealed"."""
+    id: str | None = None
+    """The producer's event id, if any; output ids derive from it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one event did to its user's state."""
+
+    event: Event
+    at: int
+    """The time the event was applied at (its own, or the user's clock if it was late)."""
+    state: EngineState
+    """The user's state after the event."""
+    predictions: Mapping[str, Prediction]
+    """Intents whose prediction at `at` the event changed, with the new prediction."""
+    closed: ClosedEpisode | None = None
+    """The episode the event closed (a sign-out, or an idle gap before it)."""
+    wiped: Mapping[str, Prediction] = field(default_factory=dict)
+    """On an intent's own outcome: the estimate just before the reset wiped it."""
+
+    @property
+    def late(self) -> bool:
+        """True when the event was older than the user's last event time."""
+        return self.at != self.event.at
+
+
+def apply_event(state: EngineState, event: Event) -> Step:
+    """Apply one input to its user's state and say what changed.
+
+    Raises:
+        InvalidTimeError: `event.at` is not an int.
+        UnknownIntentError: a `revealed` names an intent the config does not declare.
+        ValueError: an event without a name, or a revealed without an intent.
+    """
+    at = clamp_time(state, event.at)
+    config = state.config
+    if event.type == "end":
+        transition = end_episode_transition(state, at)
+        return Step(event, at, transition.state, {}, transition.closed)
+    if event.type == "revealed":
+        if event.intent is None:
+            msg = "a revealed command needs the intent that was shown"
+            raise ValueError(msg)
+        after = mark_revealed(state, event.intent, at)
+        return Step(event, at, after, _changed(state, after, (event.intent,), at))
+    if event.name is None:
+        msg = "an event needs a name"
+        raise ValueError(msg)
+    outcome_of = config.outcome_index.get(event.name, ())
+    touched = (*outcome_of, *config.signal_index.get(event.name, ()))
+    wiped = {name: predict(state, name, at) for name in outcome_of}
+    transition = observe_transition(state, event.name, at)
+    predictions = _changed(state, transition.state, touched, at)
+    return Step(event, at, transition.state, predictions, transition.closed, wiped)
+
+
+def _changed(
+    before: EngineState, after: EngineState, intents: Iterable[str], at: int
+) -> dict[str, Prediction]:
+    changed = {}
+    for name in dict.fromkeys(intents):  # de-duplicated, order kept
+        new = predict(after, name, at)
+        if new != predict(before, name, at):
+            changed[name] = new
+    return changed
+
+
+class Replayer:
+    """Keeps one state per user and applies events to them in order."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Start with no users; each user's state is created on its first event."""
+        self.config = config
+        self.states: dict[str, EngineState] = {}
+
+    def feed(self, event: Event) -> Step:
+        """Apply `event` to its user's state and keep the result."""
+        state = self.states.get(event.user)
+        if state is None:
+            state = create_state(self.config)
+        step = apply_event(state, event)
+        self.states[event.user] = step.state
+        return step
+
+    def close_due(self, watermark: int = END_OF_TIME) -> Iterator[tuple[str, ClosedEpisode]]:
+        """Close every episode that timed out before `watermark`, as a live worker's timer does."""
+        for user, state in self.states.items():
+            transition = close_if_due(state, watermark)
+            if transition.closed is not None:
+                self.states[user] = transition.state
+                yield user, transition.closed
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Everything a replay produced."""
+
+    steps: list[Step]
+    closed_at_end: list[tuple[str, ClosedEpisode]]
+    """Episodes closed by the final watermark, with their users."""
+    states: dict[str, EngineState]
+    """The final state per user."""
+
+
+def replay(
+    config: EngineConfig,
+    events: Iterable[Event | tuple[str, str, int]],
+    *,
+    until: int = END_OF_TIME,
+) -> ReplayResult:
+    """Replay `events` (Event objects or `(user, name, at)` tuples) from fresh states.
+
+    Args:
+        config: the engine config.
+        events: in the order the stream would deliver them (per user, by time).
+        until: the final watermark; episodes due by then are closed, as a live worker's
+            timer closes them once its clock passes them. Default: the end of time.
+
+    Returns:
+        The per-event steps, the episodes closed at the end, and the final states.
+    """
+    replayer = Replayer(config)
+    steps = [replayer.feed(e if isinstance(e, Event) else Event(e[0], e[2], e[1]))
+             for e in events]
+    closed = list(replayer.close_due(until))
+    return ReplayResult(steps, closed, replayer.states)

@@ -1,0 +1,242 @@
+"""`serialize` / `deserialize`: a state as versioned msgpack bytes, and back.
+
+The record is a msgpack array whose first item is the format version:
+
+    [version, config | None, clock, episode_started_at, episode_last_event_at, {intent: [
+        [base_hits, base_misses, at],           # episodes (base rate)
+        {signal: [hits, misses, at]},           # learned
+        {signal: [alpha, beta, at]},            # evidence
+        {signal: repeat_count},                 # seen
+        resolved, [[closed_at, [signal, ...]], ...],  # pending
+        last_outcome_at, last_revealed_at]}]
+
+Floats are float64, so a round trip is exact bit for bit. Older versions are upgraded by the
+functions in `MIGRATIONS` (version n -> n + 1, eventsourcing's upcaster convention) or by a
+caller's `migrate` hook; newer versions are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from engine.config import EngineConfig, IntentConfig
+from engine.errors import ConfigError, StateFormatError, StateVersionError
+from engine.learning import judge
+from engine.packing import PackingError, pack, unpack
+from engine.state import (
+    EngineState,
+    EpisodeState,
+    Evidence,
+    IntentState,
+    PendingEpisode,
+    SignalRecord,
+    fresh_intent,
+)
+
+FORMAT_VERSION: Final = 1
+
+Record = list[Any]
+Migration = Callable[[Record], Record]
+
+MIGRATIONS: dict[int, Migration] = {}
+"""Version n -> a function upgrading a version-n record to version n + 1."""
+
+
+def serialize(state: EngineState, *, include_config: bool = True) -> bytes:
+    """Encode `state` as msgpack bytes that start with the format version.
+
+    Args:
+        state: the state to encode.
+        include_config: embed the config so `deserialize(blob)` needs none; the stream
+            processor leaves it out (every user shares one config) and passes `config=`.
+
+    Returns:
+        The bytes; `deserialize(serialize(s)) == s`.
+    """
+    return pack(state_to_record(state, include_config=include_config))
+
+
+def state_to_record(state: EngineState, *, include_config: bool = True) -> Record:
+    """The state as plain msgpack-able values (see the module docstring for the layout)."""
+    return [
+        FORMAT_VERSION,
+        state.config.to_dict() if include_config else None,
+        state.clock,
+        state.episode.started_at,
+        state.episode.last_event_at,
+        {name: _intent_to_record(intent) for name, intent in state.intents.items()},
+    ]
+
+
+def _intent_to_record(intent: IntentState) -> list[Any]:
+    return [
+        _counts(intent.episodes),
+        {name: _counts(record) for name, record in intent.learned.items()},
+        {name: [e.alpha, e.beta, e.at] for name, e in intent.evidence.items()},
+        dict(intent.seen),
+        intent.resolved,
+        [[held.closed_at, list(held.signals)] for held in intent.pending],
+        intent.last_outcome_at,
+        intent.last_revealed_at,
+    ]
+
+
+def _counts(record: SignalRecord) -> list[Any]:
+    return [record.hits, record.misses, record.at]
+
+
+def deserialize(
+    blob: bytes,
+    *,
+    config: EngineConfig | None = None,
+    migrate: Callable[[Record, int], Record] | None = None,
+) -> EngineState:
+    """Decode bytes from `serialize`.
+
+    Args:
+        blob: the serialized state.
+        config: the config to run under; intents and signals it no longer declares are
+            pruned and new ones start fresh. Required when the blob carries no config.
+        migrate: optional hook `(record, version) -> record` upgrading a record of an older
+            version to the current one; without it the registered `MIGRATIONS` run.
+
+    Returns:
+        The state.
+
+    Raises:
+        StateVersionError: the blob was written by a newer engine, or no migration reaches it.
+        StateFormatError: the bytes are not a serialized engine state.
+    """
+    try:
+        record = unpack(blob)
+    except PackingError as exc:
+        msg = f"not a serialized engine state: {exc}"
+        raise StateFormatError(msg) from exc
+    return state_from_record(record, config=config, migrate=migrate)
+
+
+def state_from_record(
+    record: Any,
+    *,
+    config: EngineConfig | None = None,
+    migrate: Callable[[Record, int], Record] | None = None,
+) -> EngineState:
+    """Build a state from a decoded record (see `deserialize`)."""
+    record = _upgrade(record, migrate)
+    try:
+        _, stored_config, clock, started_at, last_event_at, intents = record
+        if config is None:
+            if stored_config is None:
+                msg = "this state was serialized without its config: pass config= to deserialize"
+                raise StateFormatError(msg)
+            config = EngineConfig.from_dict(stored_config)
+        state = EngineState(
+            config,
+            EpisodeState(_opt_int(started_at), _opt_int(last_event_at)),
+            {str(name): _intent_from_record(value) for name, value in intents.items()},
+            _opt_int(clock),
+        )
+    except (TypeError, ValueError, AttributeError, ConfigError) as exc:
+        msg = f"not a serialized engine state (version {FORMAT_VERSION}): {exc}"
+        raise StateFormatError(msg) from exc
+    return _fit_to_config(state)
+
+
+def _upgrade(record: Any, migrate: Callable[[Record, int], Record] | None) -> Record:
+    if not isinstance(record, list) or not record or not isinstance(record[0], int):
+        msg = "not a serialized engine state: expected an array that starts with a version"
+        raise StateFormatError(msg)
+    version = record[0]
+    if version > FORMAT_VERSION:
+        msg = (
+            f"state format version {version} is newer than this engine reads "
+            f"(up to {FORMAT_VERSION}); deploy the newer engine or reset the state table"
+        )
+        raise StateVersionError(msg)
+    if version < FORMAT_VERSION and migrate is not None:
+        record = migrate(record, version)
+    while record[0] < FORMAT_VERSION:
+        step = MIGRATIONS.get(record[0])
+        if step is None:
+            msg = (
+                f"no migration from state format version {record[0]} to {FORMAT_VERSION}; "
+                "pass migrate= or reset the state table"
+            )
+            raise StateVersionError(msg)
+        record = step(record)
+    return record
+
+
+def _intent_from_record(value: Any) -> IntentState:
+    episodes, learned, evidence, seen, resolved, pending, outcome_at, revealed_at = value
+    return IntentState(
+        _record(episodes),
+        {str(name): _record(counts) for name, counts in learned.items()},
+        {str(name): Evidence(float(a), float(b), int(at)) for name, (a, b, at) in
+         evidence.items()},
+        {str(name): int(count) for name, count in seen.items()},
+        bool(resolved),
+        tuple(PendingEpisode(int(at), tuple(map(str, names))) for at, names in pending),
+        _opt_int(outcome_at),
+        _opt_int(revealed_at),
+    )
+
+
+def _record(value: Any) -> SignalRecord:
+    hits, misses, at = value
+    return SignalRecord(float(hits), float(misses), int(at))
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _fit_to_config(state: EngineState) -> EngineState:
+    """Prune intents and signals the config no longer declares; add new ones fresh."""
+    config = state.config
+    intents: dict[str, IntentState] = {}
+    for name, intent_config in config.intents.items():
+        current = state.intents.get(name)
+        intents[name] = (
+            fresh_intent(intent_config.signals)
+            if current is None
+            else _fit_intent(current, intent_config, config.learning.half_life_ms)
+        )
+    if intents == state.intents:
+        return state
+    return EngineState(config, state.episode, intents, state.clock)
+
+
+def _fit_intent(
+    intent: IntentState, config: IntentConfig, half_life_ms: int | None
+) -> IntentState:
+    declared = config.signals
+    learned = {name: intent.learned.get(name, SignalRecord()) for name in declared}
+    pending = tuple(
+        PendingEpisode(held.closed_at, tuple(s for s in held.signals if s in declared))
+        for held in intent.pending
+    )
+    fitted = IntentState(
+        intent.episodes,
+        learned,
+        _only(intent.evidence, declared),
+        _only(intent.seen, declared),
+        intent.resolved,
+        pending,
+        intent.last_outcome_at,
+        intent.last_revealed_at,
+    )
+    if config.attribution_ms is None and pending:
+        # Attribution was switched off: held episodes take the verdict an intent without
+        # attribution gives, a miss dated at their close.
+        for held in pending:
+            fitted = judge(fitted, held.signals, 0.0, held.closed_at, half_life_ms)
+        fitted = IntentState(fitted.episodes, fitted.learned, fitted.evidence, fitted.seen,
+                             fitted.resolved, (), fitted.last_outcome_at,
+                             fitted.last_revealed_at)
+    return fitted
+
+
+def _only(mapping: Mapping[str, Any], declared: Mapping[str, float]) -> dict[str, Any]:
+    return {name: value for name, value in mapping.items() if name in declared}
