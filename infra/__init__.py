@@ -1,0 +1,1 @@
+"""Local infrastructure: a single-node Kafka broker from Maven Central jars, topic creation."""

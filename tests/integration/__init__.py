@@ -1,0 +1,1 @@
+"""Tests against a real Kafka broker (marker `integration`); see conftest.py."""
