@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -27,7 +28,7 @@ WORKER_STOP_TIMEOUT_S = 30.0  # SIGTERM: flush, commit, leave the group
 OUTPUT_TIMEOUT_S = 45.0  # input produced -> expected output records consumed
 POLL_INTERVAL_S = 0.2
 
-Record = ConsumerRecord[bytes, bytes]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 
 def unique_name(prefix: str) -> str:
