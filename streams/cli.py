@@ -1,0 +1,175 @@
+"""The `oracular` command line.
+
+Subcommands import what they need when they run, so `oracular replay` never loads Faust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine import END_OF_TIME, ConfigError, EngineConfig, EngineError, Replayer
+from schemas.config import load_config
+from schemas.events import DecodeError
+from schemas.events import _time as parse_time
+from schemas.files import file_format, read_lines, write_jsonl
+from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, prediction_message
+from streams.progress import Progress
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.run(args))
+    except ConfigError as exc:
+        print(f"oracular: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `oracular replay ... | head` is fine
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oracular",
+        description="Real-time intent prediction on Kafka: the oracular engine per user.",
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    replay = commands.add_parser(
+        "replay",
+        help="replay an events file offline (no Kafka) and write the outputs as JSON lines",
+        description="Replay events through one engine state per user, exactly as the stream "
+                    "processor would, and write predictions, closed episodes and dead letters "
+                    "as JSON lines with a 'topic' field.",
+        epilog="examples:\n"
+               "  oracular replay events.jsonl --config examples/oracular.yaml --out out.jsonl\n"
+               "  oracular replay events.msgpack --config cfg.yaml --until 2026-02-01T00:00:00Z\n"
+               "  cat events.jsonl | oracular replay - --config cfg.yaml | head",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_argument("events", help="events file: JSON lines or a msgpack stream ('-': stdin)")
+    replay.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
+    replay.add_argument("--out", default="-", help="output JSONL file (default: stdout)")
+    replay.add_argument("--format", choices=["jsonl", "msgpack"],
+                        help="input format (default: from the suffix; .msgpack/.mpk or JSONL)")
+    replay.add_argument("--until", help="final watermark, epoch ms or ISO-8601: episodes due "
+                                        "by then are closed (default: the end of time)")
+    replay.add_argument("--states", help="also write each user's final state to this JSONL file")
+    replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
+    replay.set_defaults(run=run_replay)
+
+    check = commands.add_parser("check-config", help="validate a config file and summarise it")
+    check.add_argument("config")
+    check.set_defaults(run=run_check_config)
+    return parser
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    """Validate a config; print its intents or every problem."""
+    config = load_config(args.config)
+    for name, intent in config.intents.items():
+        outcome = intent.outcome or "(none: never learns)"
+        print(f"{name}: {len(intent.signals)} signals, outcome {outcome}")
+    print(f"{args.config}: OK")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """`oracular replay`: events file -> outputs, no Kafka."""
+    config = load_config(args.config)
+    until = END_OF_TIME
+    if args.until is not None:
+        try:
+            until = parse_time(int(args.until) if args.until.isdigit() else args.until,
+                               "--until", None)
+        except DecodeError as exc:
+            print(f"oracular replay: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    source = Path(args.events)
+    try:
+        handle = sys.stdin.buffer if args.events == "-" else source.open("rb")
+    except OSError as exc:
+        print(f"oracular replay: cannot read {source}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    total = None if args.events == "-" else source.stat().st_size
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+    progress = Progress("replay", total=total, enabled=not args.quiet)
+    try:
+        replayer, counts = _replay_into(config, handle, file_format(source, args.format),
+                                        str(source), until, out, progress)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if handle is not sys.stdin.buffer:
+            handle.close()
+    progress.close()
+    if args.states:
+        _write_states(replayer, args.states)
+    if not args.quiet:
+        print("replay: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()), file=sys.stderr)
+    return 0
+
+
+def _replay_into(config: EngineConfig, handle: Any, fmt: Any, source: str, until: int,
+                 out: TextIO, progress: Progress) -> tuple[Replayer, dict[str, int]]:
+    replayer = Replayer(config)
+    counts = dict.fromkeys(
+        ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0)
+    for line in read_lines(handle, fmt):
+        progress.advance(handle.tell() if handle.seekable() else 0)
+        if line.ignored:
+            counts["ignored"] += 1
+            continue
+        if line.event is None:
+            _dead_letter(out, line.error or "undecodable", source, line.index, line.raw, counts)
+            continue
+        try:
+            step = replayer.feed(line.event)
+        except (EngineError, ValueError) as exc:
+            _dead_letter(out, str(exc), source, line.index, line.raw, counts)
+            continue
+        counts["applied"] += 1
+        counts["late"] += step.late
+        if step.closed is not None:
+            write_jsonl(out, episode_message(line.event.user, step.closed), EPISODES)
+            counts["episodes"] += 1
+        message = prediction_message(line.event.user, step, line.index)
+        if message is not None:
+            write_jsonl(out, message, PREDICTIONS)
+            counts["predictions"] += 1
+    for user, closed in replayer.close_due(until):
+        write_jsonl(out, episode_message(user, closed), EPISODES)
+        counts["episodes"] += 1
+    counts["users"] = len(replayer.states)
+    return replayer, counts
+
+
+def _dead_letter(out: TextIO, error: str, source: str, index: int, raw: bytes,
+                 counts: dict[str, int]) -> None:
+    write_jsonl(out, {"error": error, "source": source, "offset": index, "value": raw}, DLQ)
+    counts["dead-lettered"] += 1
+
+
+def _write_states(replayer: Replayer, path: str) -> None:
+    import base64
+
+    from engine import serialize
+
+    with open(path, "w", encoding="utf-8") as handle:
+        for user, state in replayer.states.items():
+            blob = base64.b64encode(serialize(state, include_config=False)).decode()
+            write_jsonl(handle, {"user": user, "state": blob}, "states")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
