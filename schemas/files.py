@@ -39,19 +39,21 @@ def file_format(path: Path, declared: str | None = None) -> FileFormat:
 def read_lines(handle: BinaryIO, fmt: FileFormat) -> Iterator[Line]:
     """Yield every message of an open binary file, decoded or with the reason it is not."""
     messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
-    for index, (raw, obj, error) in enumerate(messages):
-        if error is not None:
-            yield Line(index, None, error, raw=raw)
-            continue
-        try:
-            yield Line(index, event_from_message(obj), raw=raw)
-        except IgnoredMessage:
-            yield Line(index, None, ignored=True, raw=raw)
-        except DecodeError as exc:
-            yield Line(index, None, str(exc), raw=raw)
+    for index, (where, raw, obj, error) in enumerate(messages):
+        if error is None:
+            try:
+                yield Line(index, event_from_message(obj), raw=raw)
+                continue
+            except IgnoredMessage:
+                yield Line(index, None, ignored=True, raw=raw)
+                continue
+            except DecodeError as exc:
+                error = str(exc)
+        yield Line(index, None, f"{where}: {error}", raw=raw)
 
 
-Parsed = tuple[bytes, Any, str | None]
+Parsed = tuple[str, bytes, Any, str | None]
+"""(where in the file, the message's bytes, the parsed mapping or None, the error or None)"""
 
 
 def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
@@ -59,13 +61,14 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
         stripped = raw.strip()
         if not stripped:
             continue
+        where = f"line {line_no}"
         if stripped[:1] != b"{":
-            yield stripped, None, f"line {line_no}: not a JSON object (a line must start with '{{')"
+            yield where, stripped, None, "not a JSON object (a line must start with '{')"
             continue
         try:
-            yield stripped, decode_message(stripped), None
+            yield where, stripped, decode_message(stripped), None
         except DecodeError as exc:
-            yield stripped, None, f"line {line_no}: {exc}"
+            yield where, stripped, None, str(exc)
 
 
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
@@ -73,15 +76,18 @@ def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
         handle, raw=False, max_buffer_size=MAX_MESSAGE_BYTES * 16, max_array_len=MAX_KEYS,
         max_map_len=MAX_KEYS, max_ext_len=0,
     )
+    index = 0
     try:
-        for obj in unpacker:
+        for index, obj in enumerate(unpacker):  # noqa: B007 - used after the loop on errors
+            where = f"message {index + 1}"
             raw = msgpack.packb(obj)
             if not isinstance(obj, dict):
-                yield raw, None, f"a message must be a map (got {type(obj).__name__})"
+                yield where, raw, None, f"a message must be a map (got {type(obj).__name__})"
             else:
-                yield raw, obj, None
+                yield where, raw, obj, None
     except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
-        yield b"", None, f"the msgpack stream is corrupt from here on: {exc}"
+        where = f"after message {index + 1}"
+        yield where, b"", None, f"the msgpack stream is corrupt from here on: {exc}"
 
 
 def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
