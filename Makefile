@@ -1,0 +1,78 @@
+# oracular-streams. `make help` lists the targets; `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# The interpreter that creates .venv (Python 3.11+).
+PYTHON_BOOT ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.setup-done
+
+# The local broker (infra/broker.py). KAFKA_PORT=0 picks free ports; the address is always
+# written to $(KAFKA_DIR)/bootstrap.txt.
+KAFKA_PORT ?= 9092
+KAFKA_DIR ?= var/kafka
+BROKER = $(PY) -m infra.broker --dir $(KAFKA_DIR)
+
+# What `make run` starts, in the foreground, against the local broker. For now the smoke app;
+# once the product's CLI exists: make run WORKER_CMD='$(VENV)/bin/oracular worker --config examples/oracular.yaml'
+WORKER_CMD ?= $(PY) -m faust -A streams.smoke_app worker -l info --without-web
+
+PYTEST_ARGS ?=
+
+.PHONY: help setup kafka broker-up broker-down topics test test-fast lint typecheck check run \
+	bench clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: $(SETUP_STAMP) ## create .venv and install the project with its dev tools (quick when done)
+
+# Re-runs only when pyproject.toml changes (or .venv is gone).
+$(SETUP_STAMP): pyproject.toml
+	@echo "== setup: $(VENV) with $(PYTHON_BOOT)"
+	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+kafka: setup ## fetch the Kafka broker jars with Maven into .cache/kafka (once)
+	@$(BROKER) fetch >/dev/null
+
+broker-up: kafka ## start the local broker on 127.0.0.1:9092 (KAFKA_PORT=0: free ports); reuse a running one
+	@$(BROKER) up --port $(KAFKA_PORT)
+
+broker-down: ## stop the local broker (its topics stay in var/kafka; `make clean` wipes them)
+	@if [ -x $(PY) ]; then $(BROKER) down; fi
+
+topics: broker-up ## create the product topics on the local broker (idempotent)
+	@$(BROKER) topics
+
+test: setup kafka ## all tests, integration included (they start their own broker)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup ## the tests that need no broker
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+lint: setup ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup ## mypy: --strict on engine/ and schemas/, normal on streams/
+	$(VENV)/bin/mypy --strict engine schemas
+	$(VENV)/bin/mypy streams
+
+check: lint typecheck test ## lint, typecheck and test
+
+run: topics ## the worker in the foreground against the local broker (WORKER_CMD)
+	ORACULAR_BROKER=$$(cat $(KAFKA_DIR)/bootstrap.txt) exec $(WORKER_CMD)
+
+bench: setup ## run the benchmarks (python -m bench) if the project has them
+	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("bench") is None)'; \
+		then $(PY) -m bench; else echo "no bench module yet"; fi
+
+clean: broker-down ## stop the broker; delete its data, worker state and tool caches
+	rm -rf var/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ build/ dist/ *.egg-info
+
+distclean: clean ## clean, and also delete .venv and the Kafka jars
+	rm -rf $(VENV) .cache/
