@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import faust
 import msgpack
@@ -43,11 +44,14 @@ log = logging.getLogger(__name__)
 
 APP_ID = os.environ.get("ORACULAR_APP_ID", "oracular-smoke")
 PARTITIONS = partitions_from_env(os.environ)
+DATADIR = Path(os.environ.get("ORACULAR_DATADIR", Path("var") / "faust" / APP_ID))
+# Faust creates the datadir itself but not its parents (var/faust on a fresh checkout).
+DATADIR.parent.mkdir(parents=True, exist_ok=True)
 
 app = faust.App(
     APP_ID,
     broker=broker_url(os.environ.get("ORACULAR_BROKER", "127.0.0.1:9092")),
-    datadir=os.environ.get("ORACULAR_DATADIR", os.path.join("var", "faust", APP_ID)),
+    datadir=str(DATADIR),
     store="rocksdb://",
     topic_partitions=PARTITIONS,
     topic_replication_factor=1,
