@@ -195,6 +195,10 @@ def _opt_int(value: Any) -> int | None:
 def _fit_to_config(state: EngineState) -> EngineState:
     """Prune intents and signals the config no longer declares; add new ones fresh."""
     config = state.config
+    if state.intents.keys() == config.intents.keys() and all(
+        _fits(state.intents[name], intent_config) for name, intent_config in config.intents.items()
+    ):
+        return state  # the common case: stored under the same config
     intents: dict[str, IntentState] = {}
     for name, intent_config in config.intents.items():
         current = state.intents.get(name)
@@ -203,9 +207,18 @@ def _fit_to_config(state: EngineState) -> EngineState:
             if current is None
             else _fit_intent(current, intent_config, config.learning.half_life_ms)
         )
-    if intents == state.intents:
-        return state
     return EngineState(config, state.episode, intents, state.clock)
+
+
+def _fits(intent: IntentState, config: IntentConfig) -> bool:
+    declared = config.signals.keys()
+    return (
+        intent.learned.keys() == declared
+        and intent.evidence.keys() <= declared
+        and intent.seen.keys() <= declared
+        and (config.attribution_ms is not None or not intent.pending)
+        and all(set(held.signals) <= declared for held in intent.pending)
+    )
 
 
 def _fit_intent(
