@@ -46,6 +46,7 @@ def clickstream(config: EngineConfig, events: int, users: int, seed: int = 7) ->
             out.append(Event(uid, at, name=rng.choice(signals), id=f"e{i}"))
         else:
             out.append(Event(uid, at, name=rng.choice(FILLER), id=f"e{i}"))
+    out.sort(key=lambda event: event.at)  # stable: each user's events stay in their order
     return out
 
 
