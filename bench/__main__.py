@@ -85,8 +85,12 @@ CASES: list[tuple[str, str, Callable[[EngineConfig, list[Event]], None]]] = [
 ]
 
 
-def _time(fn: Callable[[EngineConfig, list[Event]], None], config: EngineConfig,
-          events: list[Event], runs: int) -> float:
+def _time(
+    fn: Callable[[EngineConfig, list[Event]], None],
+    config: EngineConfig,
+    events: list[Event],
+    runs: int,
+) -> float:
     """Median events/s over `runs` runs."""
     rates = []
     for _ in range(runs):
@@ -170,8 +174,9 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--engine-only", action="store_true",
-                        help="only the engine benchmarks (no broker needed)")
+    parser.add_argument(
+        "--engine-only", action="store_true", help="only the engine benchmarks (no broker needed)"
+    )
     parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md")
     args = parser.parse_args()
     section = run(args.events, args.users, args.runs)

@@ -32,8 +32,11 @@ def clickstream(config: EngineConfig, events: int, users: int, seed: int = 7) ->
     out: list[Event] = []
     for i in range(events):
         user = rng.randrange(users)
-        gap = rng.randrange(40 * MINUTE, 6 * 60 * MINUTE) if rng.random() < 0.1 else \
-            rng.randrange(1_000, 5 * MINUTE)
+        gap = (
+            rng.randrange(40 * MINUTE, 6 * 60 * MINUTE)
+            if rng.random() < 0.1
+            else rng.randrange(1_000, 5 * MINUTE)
+        )
         clocks[user] += gap
         roll = rng.random()
         at = clocks[user]

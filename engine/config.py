@@ -194,7 +194,9 @@ def _read_config(
     if intents_obj is None:
         problems.append(("intents", "is required: declare at least one intent"))
     elif not isinstance(intents_obj, Mapping):
-        problems.append(("intents", f"must be a mapping of intent names (got {_kind(intents_obj)})"))
+        problems.append(
+            ("intents", f"must be a mapping of intent names (got {_kind(intents_obj)})")
+        )
     elif not intents_obj:
         problems.append(("intents", "must declare at least one intent"))
     else:
@@ -267,12 +269,21 @@ def _read_intent(
         outcome=outcome,
         half_life_ms=_duration(obj, "halfLife", path, problems, positive=True),
         attribution_ms=_duration(obj, "attribution", path, problems),
-        prior=_number(obj, "prior", path, problems, DEFAULT_PRIOR, exclusive_minimum=0.0,
-                      exclusive_maximum=1.0),
-        prior_weight=_number(obj, "priorWeight", path, problems, DEFAULT_PRIOR_WEIGHT,
-                             exclusive_minimum=0.0),
-        threshold=_number(obj, "threshold", path, problems, DEFAULT_THRESHOLD, minimum=0.0,
-                          maximum=1.0),
+        prior=_number(
+            obj,
+            "prior",
+            path,
+            problems,
+            DEFAULT_PRIOR,
+            exclusive_minimum=0.0,
+            exclusive_maximum=1.0,
+        ),
+        prior_weight=_number(
+            obj, "priorWeight", path, problems, DEFAULT_PRIOR_WEIGHT, exclusive_minimum=0.0
+        ),
+        threshold=_number(
+            obj, "threshold", path, problems, DEFAULT_THRESHOLD, minimum=0.0, maximum=1.0
+        ),
         z=_number(obj, "z", path, problems, DEFAULT_Z, minimum=0.0),
         cooldown_ms=_or_default(_duration(obj, "cooldown", path, problems), DEFAULT_COOLDOWN_MS),
         reset_on_outcome=reset,
@@ -291,7 +302,9 @@ def _read_signals(obj: object, path: str, problems: list[tuple[str, str]]) -> di
         if not isinstance(signal, str) or not signal:
             problems.append((f"{path}.{signal}", "signal names must be non-empty strings"))
         elif not _is_finite_number(weight):
-            problems.append((f"{path}.{signal}", f"weight must be a finite number (got {weight!r:.40})"))
+            problems.append(
+                (f"{path}.{signal}", f"weight must be a finite number (got {weight!r:.40})")
+            )
         else:
             signals[signal] = float(weight)
     return signals

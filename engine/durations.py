@@ -39,9 +39,7 @@ def parse_duration(value: object) -> int:
     if isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match is None:
-            msg = (
-                f"must be a duration such as 500ms, 30s, 30m, 12h, 7d or 2w (got {value!r:.40})"
-            )
+            msg = f"must be a duration such as 500ms, 30s, 30m, 12h, 7d or 2w (got {value!r:.40})"
             raise ValueError(msg)
         number, unit = match.groups()
         return _whole_ms(float(number) * MS_PER_UNIT[unit], value)

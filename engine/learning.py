@@ -92,9 +92,7 @@ def settle_expired(
     return _replace_pending(intent, tuple(keep))
 
 
-def hold(
-    intent: IntentState, episode: PendingEpisode, half_life_ms: int | None
-) -> IntentState:
+def hold(intent: IntentState, episode: PendingEpisode, half_life_ms: int | None) -> IntentState:
     """Hold a closed episode for attribution; past MAX_PENDING the oldest is a miss now."""
     pending = (*intent.pending, episode)
     if len(pending) > MAX_PENDING:

@@ -53,8 +53,9 @@ def observe_transition(state: EngineState, name: str, at: int) -> Transition:
             intents[intent_name] = _on_outcome(intents[intent_name], config, intent_name, at)
         for intent_name in signal_of:
             if intent_name not in outcome_of:  # both outcome and signal: the outcome path only
-                intents[intent_name] = _on_signal(intents[intent_name], config, intent_name,
-                                                  name, at)
+                intents[intent_name] = _on_signal(
+                    intents[intent_name], config, intent_name, name, at
+                )
     next_state = EngineState(config, EpisodeState(started, at), intents, at)
     return Transition(next_state, timed_out.closed)
 
@@ -91,8 +92,9 @@ def _on_signal(
     evidence = intent.evidence
     if amount != 0.0:
         evidence = dict(evidence)
-        evidence[signal] = _add_evidence(evidence.get(signal), amount, at,
-                                         intent_config.half_life_ms)
+        evidence[signal] = _add_evidence(
+            evidence.get(signal), amount, at, intent_config.half_life_ms
+        )
     return IntentState(
         intent.episodes,
         intent.learned,

@@ -27,7 +27,7 @@ def pack(obj: Any) -> bytes:
     return bytes(out)
 
 
-def _pack(obj: Any, out: bytearray) -> None:  # noqa: PLR0912 - one branch per msgpack type
+def _pack(obj: Any, out: bytearray) -> None:
     if obj is None:
         out.append(0xC0)
     elif obj is True:
@@ -66,8 +66,12 @@ def _pack_int(value: int, out: bytearray) -> None:
     elif -32 <= value < 0:
         out.append(value & 0xFF)
     elif value >= 0:
-        for code, fmt, limit in ((0xCC, ">B", 1 << 8), (0xCD, ">H", 1 << 16),
-                                 (0xCE, ">I", 1 << 32), (0xCF, ">Q", 1 << 64)):
+        for code, fmt, limit in (
+            (0xCC, ">B", 1 << 8),
+            (0xCD, ">H", 1 << 16),
+            (0xCE, ">I", 1 << 32),
+            (0xCF, ">Q", 1 << 64),
+        ):
             if value < limit:
                 out.append(code)
                 out += struct.pack(fmt, value)
@@ -75,8 +79,12 @@ def _pack_int(value: int, out: bytearray) -> None:
         msg = f"int too large for msgpack: {value}"
         raise OverflowError(msg)
     else:
-        for code, fmt, limit in ((0xD0, ">b", 1 << 7), (0xD1, ">h", 1 << 15),
-                                 (0xD2, ">i", 1 << 31), (0xD3, ">q", 1 << 63)):
+        for code, fmt, limit in (
+            (0xD0, ">b", 1 << 7),
+            (0xD1, ">h", 1 << 15),
+            (0xD2, ">i", 1 << 31),
+            (0xD3, ">q", 1 << 63),
+        ):
             if value >= -limit:
                 out.append(code)
                 out += struct.pack(fmt, value)
@@ -125,19 +133,32 @@ def unpack(data: bytes) -> Any:
 
 _SIMPLE = {0xC0: None, 0xC2: False, 0xC3: True}
 _NUMBERS = {
-    0xCA: (">f", 4), 0xCB: (">d", 8),
-    0xCC: (">B", 1), 0xCD: (">H", 2), 0xCE: (">I", 4), 0xCF: (">Q", 8),
-    0xD0: (">b", 1), 0xD1: (">h", 2), 0xD2: (">i", 4), 0xD3: (">q", 8),
+    0xCA: (">f", 4),
+    0xCB: (">d", 8),
+    0xCC: (">B", 1),
+    0xCD: (">H", 2),
+    0xCE: (">I", 4),
+    0xCF: (">Q", 8),
+    0xD0: (">b", 1),
+    0xD1: (">h", 2),
+    0xD2: (">i", 4),
+    0xD3: (">q", 8),
 }
 _LENGTHS = {  # code -> (kind, bytes of the length field)
-    0xD9: ("str", 1), 0xDA: ("str", 2), 0xDB: ("str", 4),
-    0xC4: ("bin", 1), 0xC5: ("bin", 2), 0xC6: ("bin", 4),
-    0xDC: ("array", 2), 0xDD: ("array", 4),
-    0xDE: ("map", 2), 0xDF: ("map", 4),
+    0xD9: ("str", 1),
+    0xDA: ("str", 2),
+    0xDB: ("str", 4),
+    0xC4: ("bin", 1),
+    0xC5: ("bin", 2),
+    0xC6: ("bin", 4),
+    0xDC: ("array", 2),
+    0xDD: ("array", 4),
+    0xDE: ("map", 2),
+    0xDF: ("map", 4),
 }
 
 
-def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:
+def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911 - one per code family
     code = data[pos]
     pos += 1
     if code < 0x80:
@@ -158,7 +179,7 @@ def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:
         return number, pos + size
     if code in _LENGTHS:
         kind, size = _LENGTHS[code]
-        length = int.from_bytes(data[pos:pos + size], "big")
+        length = int.from_bytes(data[pos : pos + size], "big")
         if pos + size > len(data):
             raise IndexError(pos)
         return _unpack_body(kind, length, data, pos + size)

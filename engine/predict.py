@@ -155,13 +155,22 @@ def explain(state: EngineState, intent: str, at: int) -> Explanation:
     for signal, initial in config.signals.items():
         lift, score, learned, effective = effective_weight(current, config, learning, signal, at)
         record = current.learned.get(signal)
-        hits, misses = (0.0, 0.0) if record is None else counts_at(
-            record, at, learning.half_life_ms)
+        hits, misses = (
+            (0.0, 0.0) if record is None else counts_at(record, at, learning.half_life_ms)
+        )
         plus, minus = _evidence_at(current, signal, config, at)
         without = (alpha - plus) / (alpha - plus + beta - minus)
         signals[signal] = SignalExplanation(
-            initial, learned, effective, lift, score, hits, misses,
-            current.seen.get(signal, 0), plus - minus, p - without,
+            initial,
+            learned,
+            effective,
+            lift,
+            score,
+            hits,
+            misses,
+            current.seen.get(signal, 0),
+            plus - minus,
+            p - without,
         )
     outcomes, without_outcome = counts_at(current.episodes, at, learning.half_life_ms)
     return Explanation(intent, at, p, alpha, beta, Counts(outcomes, without_outcome), signals)

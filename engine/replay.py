@@ -157,7 +157,6 @@ def replay(
         The per-event steps, the episodes closed at the end, and the final states.
     """
     replayer = Replayer(config)
-    steps = [replayer.feed(e if isinstance(e, Event) else Event(e[0], e[2], e[1]))
-             for e in events]
+    steps = [replayer.feed(e if isinstance(e, Event) else Event(e[0], e[2], e[1])) for e in events]
     closed = list(replayer.close_due(until))
     return ReplayResult(steps, closed, replayer.states)

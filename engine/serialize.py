@@ -165,7 +165,8 @@ def _upgrade(record: Any, migrate: Callable[[Record, int], Record] | None) -> Re
             )
             raise StateVersionError(msg)
         record = step(record)
-    return record
+    upgraded: Record = record
+    return upgraded
 
 
 def _intent_from_record(value: Any) -> IntentState:
@@ -173,8 +174,7 @@ def _intent_from_record(value: Any) -> IntentState:
     return IntentState(
         _record(episodes),
         {str(name): _record(counts) for name, counts in learned.items()},
-        {str(name): Evidence(float(a), float(b), int(at)) for name, (a, b, at) in
-         evidence.items()},
+        {str(name): Evidence(float(a), float(b), int(at)) for name, (a, b, at) in evidence.items()},
         {str(name): int(count) for name, count in seen.items()},
         bool(resolved),
         tuple(PendingEpisode(int(at), tuple(map(str, names))) for at, names in pending),
@@ -221,9 +221,7 @@ def _fits(intent: IntentState, config: IntentConfig) -> bool:
     )
 
 
-def _fit_intent(
-    intent: IntentState, config: IntentConfig, half_life_ms: int | None
-) -> IntentState:
+def _fit_intent(intent: IntentState, config: IntentConfig, half_life_ms: int | None) -> IntentState:
     declared = config.signals
     learned = {name: intent.learned.get(name, SignalRecord()) for name in declared}
     pending = tuple(
@@ -245,9 +243,16 @@ def _fit_intent(
         # attribution gives, a miss dated at their close.
         for held in pending:
             fitted = judge(fitted, held.signals, 0.0, held.closed_at, half_life_ms)
-        fitted = IntentState(fitted.episodes, fitted.learned, fitted.evidence, fitted.seen,
-                             fitted.resolved, (), fitted.last_outcome_at,
-                             fitted.last_revealed_at)
+        fitted = IntentState(
+            fitted.episodes,
+            fitted.learned,
+            fitted.evidence,
+            fitted.seen,
+            fitted.resolved,
+            (),
+            fitted.last_outcome_at,
+            fitted.last_revealed_at,
+        )
     return fitted
 
 

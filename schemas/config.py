@@ -31,8 +31,9 @@ def load_config(path: str | Path) -> EngineConfig:
     try:
         return EngineConfig.from_dict(obj)
     except ConfigError as exc:
-        raise ConfigError([(f"{path}: {where}" if where else str(path), what)
-                           for where, what in exc.problems]) from exc
+        raise ConfigError(
+            [(f"{path}: {where}" if where else str(path), what) for where, what in exc.problems]
+        ) from exc
 
 
 def config_schema() -> dict[str, Any]:

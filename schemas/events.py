@@ -41,7 +41,7 @@ class DecodeError(SchemaError):
     """A message that cannot become an event; the text says which field and why."""
 
 
-class IgnoredMessage(SchemaError):  # noqa: N818 - a signal to skip, not a failure
+class IgnoredMessage(SchemaError):
     """A well-formed message that carries no event for the engine (Segment identify, ...)."""
 
 
@@ -74,12 +74,22 @@ def decode_message(raw: bytes) -> dict[str, Any]:
     else:
         try:
             obj = msgpack.unpackb(
-                raw, raw=False, strict_map_key=True, max_str_len=MAX_MESSAGE_BYTES,
-                max_bin_len=MAX_MESSAGE_BYTES, max_array_len=MAX_KEYS, max_map_len=MAX_KEYS,
+                raw,
+                raw=False,
+                strict_map_key=True,
+                max_str_len=MAX_MESSAGE_BYTES,
+                max_bin_len=MAX_MESSAGE_BYTES,
+                max_array_len=MAX_KEYS,
+                max_map_len=MAX_KEYS,
                 max_ext_len=0,
             )
-        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-                msgpack.StackError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            msgpack.ExtraData,
+            msgpack.FormatError,
+            msgpack.StackError,
+        ) as exc:
             msg = f"not valid msgpack or JSON: {exc}"
             raise DecodeError(msg) from exc
     if not isinstance(obj, dict):
@@ -170,7 +180,7 @@ def _time(value: object, field: str, fallback: int | None) -> int:
         else:
             if parsed.tzinfo is None:
                 parsed = parsed.replace(tzinfo=UTC)
-            return int(round(parsed.timestamp() * 1000))
+            return round(parsed.timestamp() * 1000)
     msg = f"field {field!r} must be epoch milliseconds or an ISO-8601 time (got {_show(value)})"
     raise DecodeError(msg)
 

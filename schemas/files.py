@@ -11,8 +11,14 @@ from typing import Any, BinaryIO, Literal
 import msgpack
 
 from engine import Event
-from schemas.events import MAX_KEYS, MAX_MESSAGE_BYTES, DecodeError, IgnoredMessage, \
-    decode_message, event_from_message
+from schemas.events import (
+    MAX_KEYS,
+    MAX_MESSAGE_BYTES,
+    DecodeError,
+    IgnoredMessage,
+    decode_message,
+    event_from_message,
+)
 
 FileFormat = Literal["jsonl", "msgpack"]
 
@@ -39,17 +45,16 @@ def file_format(path: Path, declared: str | None = None) -> FileFormat:
 def read_lines(handle: BinaryIO, fmt: FileFormat) -> Iterator[Line]:
     """Yield every message of an open binary file, decoded or with the reason it is not."""
     messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
-    for index, (where, raw, obj, error) in enumerate(messages):
-        if error is None:
-            try:
-                yield Line(index, event_from_message(obj), raw=raw)
-                continue
-            except IgnoredMessage:
-                yield Line(index, None, ignored=True, raw=raw)
-                continue
-            except DecodeError as exc:
-                error = str(exc)
-        yield Line(index, None, f"{where}: {error}", raw=raw)
+    for index, (where, raw, obj, parse_error) in enumerate(messages):
+        if parse_error is not None:
+            yield Line(index, None, f"{where}: {parse_error}", raw=raw)
+            continue
+        try:
+            yield Line(index, event_from_message(obj), raw=raw)
+        except IgnoredMessage:
+            yield Line(index, None, ignored=True, raw=raw)
+        except DecodeError as exc:
+            yield Line(index, None, f"{where}: {exc}", raw=raw)
 
 
 Parsed = tuple[str, bytes, Any, str | None]
@@ -73,12 +78,16 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
 
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
     unpacker = msgpack.Unpacker(
-        handle, raw=False, max_buffer_size=MAX_MESSAGE_BYTES * 16, max_array_len=MAX_KEYS,
-        max_map_len=MAX_KEYS, max_ext_len=0,
+        handle,
+        raw=False,
+        max_buffer_size=MAX_MESSAGE_BYTES * 16,
+        max_array_len=MAX_KEYS,
+        max_map_len=MAX_KEYS,
+        max_ext_len=0,
     )
     index = 0
     try:
-        for index, obj in enumerate(unpacker):  # noqa: B007 - used after the loop on errors
+        for index, obj in enumerate(unpacker):
             where = f"message {index + 1}"
             raw = msgpack.packb(obj)
             if not isinstance(obj, dict):
@@ -92,6 +101,11 @@ def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
 
 def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
     """Write one output message as a JSON line with its topic (bytes as latin-1 text)."""
-    handle.write(json.dumps({"topic": topic, **message}, separators=(",", ":"),
-                            default=lambda b: b.decode("latin-1")))
+    handle.write(
+        json.dumps(
+            {"topic": topic, **message},
+            separators=(",", ":"),
+            default=lambda b: b.decode("latin-1"),
+        )
+    )
     handle.write("\n")

@@ -75,12 +75,23 @@ def episode_message(user: str, closed: ClosedEpisode) -> dict[str, Any]:
 
 
 def dlq_message(
-    error: str, topic: str, partition: int | None, offset: int | None,
-    key: bytes | None, value: bytes | None,
+    error: str,
+    *,
+    topic: str,
+    partition: int | None,
+    offset: int | None,
+    key: bytes | None,
+    value: bytes | None,
 ) -> dict[str, Any]:
     """The `oracular.events.dlq` record: the reason, where it came from, the original bytes."""
-    return {"error": error, "topic": topic, "partition": partition, "offset": offset,
-            "key": key, "value": value}
+    return {
+        "error": error,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": key,
+        "value": value,
+    }
 
 
 def encode_output(message: Mapping[str, Any], fmt: Format = "msgpack") -> bytes:

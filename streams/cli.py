@@ -6,16 +6,17 @@ Subcommands import what they need when they run, so `oracular replay` never load
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from engine import END_OF_TIME, ConfigError, EngineConfig, EngineError, Replayer
+from engine import END_OF_TIME, ConfigError, EngineConfig, EngineError, Event, Replayer, serialize
 from schemas.config import load_config
 from schemas.events import DecodeError
 from schemas.events import _time as parse_time
-from schemas.files import file_format, read_lines, write_jsonl
+from schemas.files import FileFormat, file_format, read_lines, write_jsonl
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, prediction_message
 from streams.progress import Progress
 
@@ -49,21 +50,27 @@ def _parser() -> argparse.ArgumentParser:
         "replay",
         help="replay an events file offline (no Kafka) and write the outputs as JSON lines",
         description="Replay events through one engine state per user, exactly as the stream "
-                    "processor would, and write predictions, closed episodes and dead letters "
-                    "as JSON lines with a 'topic' field.",
+        "processor would, and write predictions, closed episodes and dead letters "
+        "as JSON lines with a 'topic' field.",
         epilog="examples:\n"
-               "  oracular replay events.jsonl --config examples/oracular.yaml --out out.jsonl\n"
-               "  oracular replay events.msgpack --config cfg.yaml --until 2026-02-01T00:00:00Z\n"
-               "  cat events.jsonl | oracular replay - --config cfg.yaml | head",
+        "  oracular replay events.jsonl --config examples/oracular.yaml --out out.jsonl\n"
+        "  oracular replay events.msgpack --config cfg.yaml --until 2026-02-01T00:00:00Z\n"
+        "  cat events.jsonl | oracular replay - --config cfg.yaml | head",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     replay.add_argument("events", help="events file: JSON lines or a msgpack stream ('-': stdin)")
     replay.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
     replay.add_argument("--out", default="-", help="output JSONL file (default: stdout)")
-    replay.add_argument("--format", choices=["jsonl", "msgpack"],
-                        help="input format (default: from the suffix; .msgpack/.mpk or JSONL)")
-    replay.add_argument("--until", help="final watermark, epoch ms or ISO-8601: episodes due "
-                                        "by then are closed (default: the end of time)")
+    replay.add_argument(
+        "--format",
+        choices=["jsonl", "msgpack"],
+        help="input format (default: from the suffix; .msgpack/.mpk or JSONL)",
+    )
+    replay.add_argument(
+        "--until",
+        help="final watermark, epoch ms or ISO-8601: episodes due "
+        "by then are closed (default: the end of time)",
+    )
     replay.add_argument("--states", help="also write each user's final state to this JSONL file")
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
     replay.set_defaults(run=run_replay)
@@ -90,8 +97,9 @@ def run_replay(args: argparse.Namespace) -> int:
     until = END_OF_TIME
     if args.until is not None:
         try:
-            until = parse_time(int(args.until) if args.until.isdigit() else args.until,
-                               "--until", None)
+            until = parse_time(
+                int(args.until) if args.until.isdigit() else args.until, "--until", None
+            )
         except DecodeError as exc:
             print(f"oracular replay: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -103,68 +111,78 @@ def run_replay(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     total = None if args.events == "-" else source.stat().st_size
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
-    progress = Progress("replay", total=total, enabled=not args.quiet)
+    run = ReplayRun(config, out, str(source), Progress("replay", total, enabled=not args.quiet))
     try:
-        replayer, counts = _replay_into(config, handle, file_format(source, args.format),
-                                        str(source), until, out, progress)
+        run.feed(handle, file_format(source, args.format))
+        run.finish(until)
     finally:
         if out is not sys.stdout:
             out.close()
         if handle is not sys.stdin.buffer:
             handle.close()
-    progress.close()
+    run.progress.close()
     if args.states:
-        _write_states(replayer, args.states)
+        _write_states(run.replayer, args.states)
     if not args.quiet:
-        print("replay: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()), file=sys.stderr)
+        summary = ", ".join(f"{k} {v:,}" for k, v in run.counts.items())
+        print(f"replay: {summary}, users {len(run.replayer.states):,}", file=sys.stderr)
     return 0
 
 
-def _replay_into(config: EngineConfig, handle: Any, fmt: Any, source: str, until: int,
-                 out: TextIO, progress: Progress) -> tuple[Replayer, dict[str, int]]:
-    replayer = Replayer(config)
-    counts = dict.fromkeys(
-        ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0)
-    for line in read_lines(handle, fmt):
-        progress.advance(handle.tell() if handle.seekable() else 0)
-        if line.ignored:
-            counts["ignored"] += 1
-            continue
-        if line.event is None:
-            _dead_letter(out, line.error or "undecodable", source, line.index, line.raw, counts)
-            continue
+class ReplayRun:
+    """One replay: feeds file lines to a Replayer and writes every output as a JSON line."""
+
+    def __init__(self, config: EngineConfig, out: TextIO, source: str, progress: Progress) -> None:
+        """Write to `out`; `source` names the input in dead-letter records."""
+        self.replayer = Replayer(config)
+        self.out, self.source, self.progress = out, source, progress
+        self.counts = dict.fromkeys(
+            ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0
+        )
+
+    def feed(self, handle: BinaryIO, fmt: FileFormat) -> None:
+        """Apply every message of the file; bad ones are dead-lettered with the reason."""
+        for line in read_lines(handle, fmt):
+            self.progress.advance(handle.tell() if handle.seekable() else 0)
+            if line.ignored:
+                self.counts["ignored"] += 1
+            elif line.event is None:
+                self.dead_letter(line.error or "undecodable", line.index, line.raw)
+            else:
+                self.apply(line.event, line.index, line.raw)
+
+    def apply(self, event: Event, index: int, raw: bytes) -> None:
+        """Apply one event and write its closed episode and changed predictions."""
         try:
-            step = replayer.feed(line.event)
+            step = self.replayer.feed(event)
         except (EngineError, ValueError) as exc:
-            _dead_letter(out, str(exc), source, line.index, line.raw, counts)
-            continue
-        counts["applied"] += 1
-        counts["late"] += step.late
+            self.dead_letter(str(exc), index, raw)
+            return
+        self.counts["applied"] += 1
+        self.counts["late"] += step.late
         if step.closed is not None:
-            write_jsonl(out, episode_message(line.event.user, step.closed), EPISODES)
-            counts["episodes"] += 1
-        message = prediction_message(line.event.user, step, line.index)
+            self.write(episode_message(event.user, step.closed), EPISODES, "episodes")
+        message = prediction_message(event.user, step, index)
         if message is not None:
-            write_jsonl(out, message, PREDICTIONS)
-            counts["predictions"] += 1
-    for user, closed in replayer.close_due(until):
-        write_jsonl(out, episode_message(user, closed), EPISODES)
-        counts["episodes"] += 1
-    counts["users"] = len(replayer.states)
-    return replayer, counts
+            self.write(message, PREDICTIONS, "predictions")
 
+    def finish(self, until: int) -> None:
+        """Close the episodes due by the final watermark."""
+        for user, closed in self.replayer.close_due(until):
+            self.write(episode_message(user, closed), EPISODES, "episodes")
 
-def _dead_letter(out: TextIO, error: str, source: str, index: int, raw: bytes,
-                 counts: dict[str, int]) -> None:
-    write_jsonl(out, {"error": error, "source": source, "offset": index, "value": raw}, DLQ)
-    counts["dead-lettered"] += 1
+    def dead_letter(self, error: str, index: int, raw: bytes) -> None:
+        """Write a DLQ record: the reason, the file and message index, the original bytes."""
+        record = {"error": error, "source": self.source, "offset": index, "value": raw}
+        self.write(record, DLQ, "dead-lettered")
+
+    def write(self, message: dict[str, Any], topic: str, counter: str) -> None:
+        """Write one output line and count it."""
+        write_jsonl(self.out, message, topic)
+        self.counts[counter] += 1
 
 
 def _write_states(replayer: Replayer, path: str) -> None:
-    import base64
-
-    from engine import serialize
-
     with open(path, "w", encoding="utf-8") as handle:
         for user, state in replayer.states.items():
             blob = base64.b64encode(serialize(state, include_config=False)).decode()

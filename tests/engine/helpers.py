@@ -27,8 +27,9 @@ def config(intents: Mapping[str, Any], **top: Any) -> EngineConfig:
     return EngineConfig.from_dict({"intents": dict(intents), **top})
 
 
-def session(state: EngineState, start: int, events: Iterable[str], *, gap: int = MINUTE,
-            end: bool = True) -> EngineState:
+def session(
+    state: EngineState, start: int, events: Iterable[str], *, gap: int = MINUTE, end: bool = True
+) -> EngineState:
     """Observe `events` a `gap` apart from `start`, then sign out one gap after the last."""
     at = start
     for name in events:
@@ -37,8 +38,9 @@ def session(state: EngineState, start: int, events: Iterable[str], *, gap: int =
     return end_episode(state, at) if end else state
 
 
-def sessions(cfg: EngineConfig, plan: Iterable[tuple[int, Iterable[str]]],
-             start: int = MONDAY_10) -> EngineState:
+def sessions(
+    cfg: EngineConfig, plan: Iterable[tuple[int, Iterable[str]]], start: int = MONDAY_10
+) -> EngineState:
     """Run `count` sessions of `events` for each (count, events) in `plan`, an hour apart."""
     state = create_state(cfg)
     at = start

@@ -16,43 +16,54 @@ def _with_intent(**fields):
 
 
 INVALID_CONFIGS = [
-        ({"intents": {"upgrade": {"signals": {"x": "3"}}}},
-         "intents.upgrade.signals.x: weight must be a finite number (got '3')"),
-        ({"intents": {"upgrade": {"signals": {"x": True}}}},
-         "intents.upgrade.signals.x: weight must be a finite number (got True)"),
-        ({"intents": {"upgrade": {"signals": {"x": float("nan")}}}},
-         "intents.upgrade.signals.x: weight must be a finite number (got nan)"),
-        ({"intents": {"upgrade": {"signals": {"x": 1}, "colour": 1}}},
-         "intents.upgrade.colour: unknown key; expected one of attribution, cooldown"),
-        ({**BASE, "episodTimeout": "30m"}, "episodTimeout: unknown key; expected one of"),
-        ({**BASE, "learning": {"gian": 2}}, "learning.gian: unknown key"),
-        ({**BASE, "episodeTimeout": "-5m"}, "episodeTimeout: must be a duration such as"),
-        ({**BASE, "episodeTimeout": -5}, "episodeTimeout: must not be negative (got -5)"),
-        ({**BASE, "episodeTimeout": 1.5}, "must be a whole number of milliseconds (got 1.5)"),
-        ({**BASE, "episodeTimeout": "soon"}, "episodeTimeout: must be a duration such as 500ms"),
-        ({**BASE, "episodeTimeout": True}, "episodeTimeout: must be a duration such as 30m"),
-        (_with_intent(prior=0), "intents.upgrade.prior: must be > 0 (got 0)"),
-        (_with_intent(prior=1), "intents.upgrade.prior: must be < 1 (got 1)"),
-        (_with_intent(priorWeight=0), "intents.upgrade.priorWeight: must be > 0 (got 0)"),
-        (_with_intent(threshold=1.5), "intents.upgrade.threshold: must be <= 1 (got 1.5)"),
-        (_with_intent(z=-1), "intents.upgrade.z: must be >= 0 (got -1)"),
-        (_with_intent(halfLife="0d"), "intents.upgrade.halfLife: must be longer than 0"),
-        (_with_intent(cooldown="-1h"), "intents.upgrade.cooldown: must be a duration"),
-        (_with_intent(resetOnOutcome="yes"),
-         "intents.upgrade.resetOnOutcome: must be true or false (got 'yes')"),
-        (_with_intent(outcome=""), "intents.upgrade.outcome: must be an event name"),
-        ({**BASE, "learning": {"priorEpisodes": 0}},
-         "learning.priorEpisodes: must be > 0 (got 0)"),
-        ({**BASE, "learning": {"gain": -0.1}}, "learning.gain: must be >= 0 (got -0.1)"),
-        ({**BASE, "learning": {"lift": "magic"}},
-         "learning.lift: must be one of normalized-difference, absolute-difference"),
-        ({**BASE, "learning": []}, "learning: must be a mapping (got list)"),
-        ({"intents": {}}, "intents: must declare at least one intent"),
-        ({}, "intents: is required"),
-        ({"intents": ["upgrade"]}, "intents: must be a mapping of intent names (got list)"),
-        ({"intents": {"upgrade": {"outcome": "x"}}}, "intents.upgrade.signals: is required"),
-        ({"intents": {"upgrade": 3}}, "intents.upgrade: must be a mapping with `signals`"),
-        ([], "the config must be a mapping (got list)"),
+    (
+        {"intents": {"upgrade": {"signals": {"x": "3"}}}},
+        "intents.upgrade.signals.x: weight must be a finite number (got '3')",
+    ),
+    (
+        {"intents": {"upgrade": {"signals": {"x": True}}}},
+        "intents.upgrade.signals.x: weight must be a finite number (got True)",
+    ),
+    (
+        {"intents": {"upgrade": {"signals": {"x": float("nan")}}}},
+        "intents.upgrade.signals.x: weight must be a finite number (got nan)",
+    ),
+    (
+        {"intents": {"upgrade": {"signals": {"x": 1}, "colour": 1}}},
+        "intents.upgrade.colour: unknown key; expected one of attribution, cooldown",
+    ),
+    ({**BASE, "episodTimeout": "30m"}, "episodTimeout: unknown key; expected one of"),
+    ({**BASE, "learning": {"gian": 2}}, "learning.gian: unknown key"),
+    ({**BASE, "episodeTimeout": "-5m"}, "episodeTimeout: must be a duration such as"),
+    ({**BASE, "episodeTimeout": -5}, "episodeTimeout: must not be negative (got -5)"),
+    ({**BASE, "episodeTimeout": 1.5}, "must be a whole number of milliseconds (got 1.5)"),
+    ({**BASE, "episodeTimeout": "soon"}, "episodeTimeout: must be a duration such as 500ms"),
+    ({**BASE, "episodeTimeout": True}, "episodeTimeout: must be a duration such as 30m"),
+    (_with_intent(prior=0), "intents.upgrade.prior: must be > 0 (got 0)"),
+    (_with_intent(prior=1), "intents.upgrade.prior: must be < 1 (got 1)"),
+    (_with_intent(priorWeight=0), "intents.upgrade.priorWeight: must be > 0 (got 0)"),
+    (_with_intent(threshold=1.5), "intents.upgrade.threshold: must be <= 1 (got 1.5)"),
+    (_with_intent(z=-1), "intents.upgrade.z: must be >= 0 (got -1)"),
+    (_with_intent(halfLife="0d"), "intents.upgrade.halfLife: must be longer than 0"),
+    (_with_intent(cooldown="-1h"), "intents.upgrade.cooldown: must be a duration"),
+    (
+        _with_intent(resetOnOutcome="yes"),
+        "intents.upgrade.resetOnOutcome: must be true or false (got 'yes')",
+    ),
+    (_with_intent(outcome=""), "intents.upgrade.outcome: must be an event name"),
+    ({**BASE, "learning": {"priorEpisodes": 0}}, "learning.priorEpisodes: must be > 0 (got 0)"),
+    ({**BASE, "learning": {"gain": -0.1}}, "learning.gain: must be >= 0 (got -0.1)"),
+    (
+        {**BASE, "learning": {"lift": "magic"}},
+        "learning.lift: must be one of normalized-difference, absolute-difference",
+    ),
+    ({**BASE, "learning": []}, "learning: must be a mapping (got list)"),
+    ({"intents": {}}, "intents: must declare at least one intent"),
+    ({}, "intents: is required"),
+    ({"intents": ["upgrade"]}, "intents: must be a mapping of intent names (got list)"),
+    ({"intents": {"upgrade": {"outcome": "x"}}}, "intents.upgrade.signals: is required"),
+    ({"intents": {"upgrade": 3}}, "intents.upgrade: must be a mapping with `signals`"),
+    ([], "the config must be a mapping (got list)"),
 ]
 """(config, message) pairs: one problem each; schemas/ tests check the JSON Schema agrees."""
 
@@ -68,8 +79,11 @@ def test_each_problem_has_one_message_with_its_path(config, message):
 
 def test_all_problems_are_reported_at_once():
     """Three mistakes, three lines: a user fixes them in one pass."""
-    config = {"episodeTimeout": "x", "learning": {"gain": -1},
-              "intents": {"a": {"signals": {"s": "heavy"}, "prior": 2}}}
+    config = {
+        "episodeTimeout": "x",
+        "learning": {"gain": -1},
+        "intents": {"a": {"signals": {"s": "heavy"}, "prior": 2}},
+    }
     with pytest.raises(ConfigError) as caught:
         EngineConfig.from_dict(config)
     paths = [path for path, _ in caught.value.problems]
@@ -79,12 +93,20 @@ def test_all_problems_are_reported_at_once():
 
 def test_defaults_and_durations_are_read():
     """Defaults from SPEC §2 ([ours]) and every duration unit."""
-    config = EngineConfig.from_dict({
-        "episodeTimeout": "30m",
-        "learning": {"halfLife": "90d", "priorEpisodes": 0.5},
-        "intents": {"upgrade": {"signals": {"a": 1}, "outcome": "o", "halfLife": "7d",
-                                "attribution": "2w"}},
-    })
+    config = EngineConfig.from_dict(
+        {
+            "episodeTimeout": "30m",
+            "learning": {"halfLife": "90d", "priorEpisodes": 0.5},
+            "intents": {
+                "upgrade": {
+                    "signals": {"a": 1},
+                    "outcome": "o",
+                    "halfLife": "7d",
+                    "attribution": "2w",
+                }
+            },
+        }
+    )
     upgrade = config.intents["upgrade"]
     assert config.episode_timeout_ms == 30 * 60_000
     assert config.learning.half_life_ms == 90 * 86_400_000
@@ -92,15 +114,29 @@ def test_defaults_and_durations_are_read():
     assert (config.learning.gain, config.learning.lift) == (2.0, "normalized-difference")
     assert (upgrade.half_life_ms, upgrade.attribution_ms) == (7 * 86_400_000, 14 * 86_400_000)
     assert (upgrade.prior, upgrade.prior_weight, upgrade.threshold, upgrade.z) == (
-        0.15, 10, 0.5, 1.0)
+        0.15,
+        10,
+        0.5,
+        1.0,
+    )
     assert (upgrade.cooldown_ms, upgrade.reset_on_outcome) == (86_400_000, True)
 
 
-@pytest.mark.parametrize(("text", "ms"), [
-    ("500ms", 500), ("30s", 30_000), ("30m", 1_800_000), ("12h", 43_200_000),
-    ("7d", 604_800_000), ("2w", 1_209_600_000), ("1.5h", 5_400_000), (250, 250), (0, 0),
-    (" 3d ", 259_200_000),
-])
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("30m", 1_800_000),
+        ("12h", 43_200_000),
+        ("7d", 604_800_000),
+        ("2w", 1_209_600_000),
+        ("1.5h", 5_400_000),
+        (250, 250),
+        (0, 0),
+        (" 3d ", 259_200_000),
+    ],
+)
 def test_durations(text, ms):
     """Durations are ms numbers or strings with a unit."""
     assert parse_duration(text) == ms
@@ -108,8 +144,9 @@ def test_durations(text, ms):
 
 def test_to_dict_reads_back_equal():
     """to_dict is from_dict's inverse (serialize embeds configs this way)."""
-    config = EngineConfig.from_dict({**BASE, "episodeTimeout": 90_001,
-                                     "learning": {"lift": "log-lift", "halfLife": "30d"}})
+    config = EngineConfig.from_dict(
+        {**BASE, "episodeTimeout": 90_001, "learning": {"lift": "log-lift", "halfLife": "30d"}}
+    )
     assert EngineConfig.from_dict(config.to_dict()) == config
 
 
@@ -118,8 +155,10 @@ def test_deprecated_lift_logs_one_warning_per_load(caplog):
     with caplog.at_level(logging.WARNING, logger="engine.config"):
         EngineConfig.from_dict({**BASE, "learning": {"lift": "risk-ratio"}})
     messages = [r.getMessage() for r in caplog.records]
-    assert messages == ["learning.lift: 'risk-ratio' is deprecated upstream; "
-                        "'normalized-difference' (the default) is the supported measure"]
+    assert messages == [
+        "learning.lift: 'risk-ratio' is deprecated upstream; "
+        "'normalized-difference' (the default) is the supported measure"
+    ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="engine.config"):
         EngineConfig.from_dict(BASE)
@@ -130,7 +169,8 @@ def test_outcome_listed_as_a_signal_warns_once_and_is_allowed(caplog):
     """Allowed by the seed, but never seen: warn once."""
     with caplog.at_level(logging.WARNING, logger="engine.config"):
         config = EngineConfig.from_dict(
-            {"intents": {"x": {"signals": {"buy": 1, "cart": 1}, "outcome": "buy"}}})
+            {"intents": {"x": {"signals": {"buy": 1, "cart": 1}, "outcome": "buy"}}}
+        )
     assert len(caplog.records) == 1
     assert "intents.x.outcome: 'buy' is also one of this intent's signals" in caplog.text
     assert config.signal_index == {"cart": ("x",)}

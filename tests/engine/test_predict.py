@@ -57,8 +57,15 @@ def test_negative_weight_adds_to_beta():
     assert (prediction.alpha, prediction.beta) == pytest.approx((1.5, 8.5 + 2))
 
 
-REVEALING = {"signals": {"s": 10}, "outcome": "o", "prior": 0.5, "priorWeight": 2,
-             "threshold": 0.6, "z": 1.0, "cooldown": "1h"}
+REVEALING = {
+    "signals": {"s": 10},
+    "outcome": "o",
+    "prior": 0.5,
+    "priorWeight": 2,
+    "threshold": 0.6,
+    "z": 1.0,
+    "cooldown": "1h",
+}
 
 
 def test_reveal_needs_p_and_the_lower_bound_above_the_threshold():

@@ -96,7 +96,8 @@ def test_attribution_holds_at_the_close_so_the_misses_difference_is_zero():
     assert held.episodes.misses - prev.intents["upgrade"].episodes.misses == 0
     assert held.learned["pricing.viewed"].misses == 0
     assert [(p.closed_at, p.signals) for p in held.pending] == [
-        (MONDAY_10 + 10 * MINUTE, ("pricing.viewed",))]
+        (MONDAY_10 + 10 * MINUTE, ("pricing.viewed",))
+    ]
     plain = nxt.intents["plain"]
     assert plain.episodes.misses - prev.intents["plain"].episodes.misses == 1
     assert plain.learned["pricing.viewed"].misses == 1 and plain.learned["limit.hit"].misses == 0
@@ -192,8 +193,11 @@ def test_outcome_hits_seen_signals_resolves_and_later_signals_are_neutral():
 def test_second_outcome_in_an_episode_hits_the_signals_seen_since_the_first():
     """Neutral signals get a hit if a second outcome arrives; one more episode counts."""
     cfg = config({"upgrade": QUICKSTART})
-    state = session(create_state(cfg), MONDAY_10,
-                    ["pricing.viewed", "upgrade.completed", "limit.hit", "upgrade.completed"])
+    state = session(
+        create_state(cfg),
+        MONDAY_10,
+        ["pricing.viewed", "upgrade.completed", "limit.hit", "upgrade.completed"],
+    )
     upgrade = state.intents["upgrade"]
     assert upgrade.learned["pricing.viewed"].hits == 1 and upgrade.learned["limit.hit"].hits == 1
     assert upgrade.episodes.hits == 2

@@ -85,13 +85,17 @@ def test_signal_present_in_every_episode_keeps_its_initial_weight(learning):
         {"x": {"signals": {"app.opened": 0.5, "signal.a": 1}, "outcome": "outcome"}},
         learning=learning,
     )
-    plan = [(3, ("app.opened", "signal.a", "outcome")), (4, ("app.opened",)),
-            (2, ("app.opened", "outcome"))]
+    plan = [
+        (3, ("app.opened", "signal.a", "outcome")),
+        (4, ("app.opened",)),
+        (2, ("app.opened", "outcome")),
+    ]
     state = sessions(cfg, plan)
     result = explain(state, "x", at=MONDAY_10 + 12 * 3_600_000)
     opened = result.signals["app.opened"]
     assert opened.hits + opened.misses == pytest.approx(
-        result.episodes.hits + result.episodes.misses, rel=1e-12)
+        result.episodes.hits + result.episodes.misses, rel=1e-12
+    )
     assert opened.effective == 0.5
     assert result.signals["signal.a"].effective != 1  # the discriminating signal did learn
 
@@ -106,8 +110,10 @@ def test_signal_never_present_has_nothing_to_learn():
 
 def test_association_rule_example_gives_27_over_16():
     """Two successful signal episodes, three unsuccessful ones without it: lift 27/16."""
-    cfg = config({"x": {"signals": {"signal.a": 1}, "outcome": "outcome"}},
-                 learning={"lift": "association-rule"})
+    cfg = config(
+        {"x": {"signals": {"signal.a": 1}, "outcome": "outcome"}},
+        learning={"lift": "association-rule"},
+    )
     state = sessions(cfg, [(2, A_SESSION), (3, NEITHER)])
     a = explain(state, "x", at=MONDAY_10 + 6 * 3_600_000).signals["signal.a"]
     assert a.lift == pytest.approx(27 / 16, rel=1e-12)
@@ -140,8 +146,9 @@ LN3 = math.log(3)
 )
 def test_each_lift_measure_and_its_evidence_score(measure, history, raw, score):
     """The lift table: raw measure and evidence score for every measure, via explain."""
-    cfg = config({"x": {"signals": {"signal.a": 1}, "outcome": "outcome"}},
-                 learning={"lift": measure})
+    cfg = config(
+        {"x": {"signals": {"signal.a": 1}, "outcome": "outcome"}}, learning={"lift": measure}
+    )
     state = sessions(cfg, history)
     a = explain(state, "x", at=MONDAY_10 + 6 * 3_600_000).signals["signal.a"]
     assert a.lift == pytest.approx(raw, rel=1e-12)
@@ -149,8 +156,9 @@ def test_each_lift_measure_and_its_evidence_score(measure, history, raw, score):
     assert a.learned == pytest.approx(2 * score, rel=1e-12)  # gain 2 × |w0| 1 × score
 
 
-@pytest.mark.parametrize("measure", ["relative-lift", "risk-ratio", "log-lift", "odds-ratio",
-                                     "association-rule"])
+@pytest.mark.parametrize(
+    "measure", ["relative-lift", "risk-ratio", "log-lift", "odds-ratio", "association-rule"]
+)
 def test_ratio_measures_stay_finite_at_extreme_rates(measure):
     """The ε clamp keeps ratio and log measures finite when smoothed counts are huge."""
     from engine.lift import lift_and_score
@@ -163,8 +171,9 @@ def test_ratio_measures_stay_finite_at_extreme_rates(measure):
 @pytest.mark.parametrize("gain", [0.0, 0.5, 2.0, 3.0])
 def test_learned_estimate_is_capped_by_gain(gain):
     """learned lives in [−gain·|w0|, gain·|w0|], whatever the history."""
-    cfg = config({"x": {"signals": {"signal.a": -2}, "outcome": "outcome"}},
-                 learning={"gain": gain})
+    cfg = config(
+        {"x": {"signals": {"signal.a": -2}, "outcome": "outcome"}}, learning={"gain": gain}
+    )
     state = sessions(cfg, [(30, A_SESSION), (30, NEITHER)])
     a = explain(state, "x", at=MONDAY_10 + 70 * 3_600_000).signals["signal.a"]
     assert abs(a.learned) <= gain * 2 + 1e-12

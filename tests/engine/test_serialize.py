@@ -22,9 +22,14 @@ from engine import (
 from engine.packing import PackingError, pack, unpack
 from tests.engine.helpers import HOUR, MINUTE, MONDAY_10, QUICKSTART, config, session
 
-CFG = config({"upgrade": {**QUICKSTART, "attribution": "14d"},
-              "churn": {"signals": {"cancel.viewed": 2, "feature.used": -1}, "outcome": "cancel"}},
-             episodeTimeout="30m", learning={"halfLife": "90d"})
+CFG = config(
+    {
+        "upgrade": {**QUICKSTART, "attribution": "14d"},
+        "churn": {"signals": {"cancel.viewed": 2, "feature.used": -1}, "outcome": "cancel"},
+    },
+    episodeTimeout="30m",
+    learning={"halfLife": "90d"},
+)
 
 
 def _busy_state():
@@ -36,14 +41,17 @@ def _busy_state():
 
 
 def test_round_trip_is_exact_and_bytes_are_stable():
-    """deserialize(serialize(s)) == s, floats bit for bit, and re-serializing gives the same bytes."""
+    """deserialize(serialize(s)) == s, floats bit for bit; re-serializing gives the same bytes."""
     state = _busy_state()
     blob = serialize(state)
     back = deserialize(blob)
     assert back == state
     assert serialize(back) == blob
     a = state.intents["upgrade"].evidence["pricing.viewed"].alpha
-    assert math.copysign(1, a) == 1 and back.intents["upgrade"].evidence["pricing.viewed"].alpha.hex() == a.hex()
+    assert (
+        math.copysign(1, a) == 1
+        and back.intents["upgrade"].evidence["pricing.viewed"].alpha.hex() == a.hex()
+    )
 
 
 def test_blob_is_msgpack_with_the_version_first():
@@ -94,13 +102,19 @@ def test_older_version_runs_the_migrate_hook():
         deserialize(msgpack.packb(old))
 
 
-@pytest.mark.parametrize(("blob", "message"), [
-    (b"", "truncated msgpack data"),
-    (b"\xc1", "unsupported msgpack type code 0xc1"),
-    (msgpack.packb({"version": 1}), "expected an array that starts with a version"),
-    (msgpack.packb([1, None, 0]), "not a serialized engine state"),
-    (msgpack.packb([1, None, None, None, None, {"x": [1, 2]}]), "not a serialized engine state"),
-])
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"", "truncated msgpack data"),
+        (b"\xc1", "unsupported msgpack type code 0xc1"),
+        (msgpack.packb({"version": 1}), "expected an array that starts with a version"),
+        (msgpack.packb([1, None, 0]), "not a serialized engine state"),
+        (
+            msgpack.packb([1, None, None, None, None, {"x": [1, 2]}]),
+            "not a serialized engine state",
+        ),
+    ],
+)
 def test_garbage_is_a_clear_state_format_error(blob, message):
     """Bytes that are not a state never raise anything but StateFormatError."""
     with pytest.raises(StateFormatError, match=message):
@@ -110,11 +124,19 @@ def test_garbage_is_a_clear_state_format_error(blob, message):
 def test_config_prunes_removed_intents_and_signals_and_adds_new_ones():
     """deserialize(config=) swaps the config in: removed names pruned, new ones fresh."""
     state = _busy_state()
-    new = config({
-        "upgrade": {"signals": {"pricing.viewed": 3, "seats.viewed": 1},
-                    "outcome": "upgrade.completed", "halfLife": "7d", "attribution": "14d"},
-        "invite": {"signals": {"team.viewed": 2}, "outcome": "invite.sent"},
-    }, episodeTimeout="30m", learning={"halfLife": "90d"})
+    new = config(
+        {
+            "upgrade": {
+                "signals": {"pricing.viewed": 3, "seats.viewed": 1},
+                "outcome": "upgrade.completed",
+                "halfLife": "7d",
+                "attribution": "14d",
+            },
+            "invite": {"signals": {"team.viewed": 2}, "outcome": "invite.sent"},
+        },
+        episodeTimeout="30m",
+        learning={"halfLife": "90d"},
+    )
     back = deserialize(serialize(state), config=new)
     assert set(back.intents) == {"upgrade", "invite"}
     upgrade = back.intents["upgrade"]
@@ -148,13 +170,53 @@ def test_inputs_stay_valid_after_transitions():
     assert serialize(prev) == before
 
 
-@pytest.mark.parametrize("value", [
-    None, True, False, 0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1,
-    -1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63),
-    0.0, -0.0, 1.5, float("inf"), 1e-300, "", "a" * 31, "a" * 32, "é" * 200, "x" * 70_000,
-    b"", b"\x00" * 300, [], [1] * 15, [1] * 16, list(range(70_000)), {}, {str(i): i for i in range(16)},
-    {"nested": [{"a": [None, 1.0]}]},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        127,
+        128,
+        255,
+        256,
+        65535,
+        65536,
+        2**32 - 1,
+        2**32,
+        2**64 - 1,
+        -1,
+        -32,
+        -33,
+        -128,
+        -129,
+        -32768,
+        -32769,
+        -(2**31),
+        -(2**31) - 1,
+        -(2**63),
+        0.0,
+        -0.0,
+        1.5,
+        float("inf"),
+        1e-300,
+        "",
+        "a" * 31,
+        "a" * 32,
+        "é" * 200,
+        "x" * 70_000,
+        b"",
+        b"\x00" * 300,
+        [],
+        [1] * 15,
+        [1] * 16,
+        list(range(70_000)),
+        {},
+        {str(i): i for i in range(16)},
+        {"nested": [{"a": [None, 1.0]}]},
+    ],
+)
 def test_packing_matches_the_msgpack_package_byte_for_byte(value):
     """engine.packing encodes like msgpack.packb and decodes msgpack's output."""
     assert pack(value) == msgpack.packb(value)

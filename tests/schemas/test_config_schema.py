@@ -18,12 +18,27 @@ ROOT = Path(__file__).resolve().parents[2]
 VALID_CONFIGS = [
     {"intents": {"x": {"signals": {}}}},
     {"intents": {"x": {"signals": {"a": -1.5, "b": 0}, "outcome": None}}},
-    {"$schema": "./schemas/config.schema.json", "episodeTimeout": 0,
-     "intents": {"x": {"signals": {"a": 1}, "cooldown": "0s", "attribution": 0}}},
-    {"episodeTimeout": "1.5h", "learning": {"gain": 0, "priorEpisodes": 0.01, "halfLife": 1,
-                                             "lift": "association-rule"},
-     "intents": {"x": {"signals": {"a": 1}, "outcome": "o", "halfLife": "2w", "prior": 0.99,
-                       "priorWeight": 0.1, "threshold": 0, "z": 0, "resetOnOutcome": False}}},
+    {
+        "$schema": "./schemas/config.schema.json",
+        "episodeTimeout": 0,
+        "intents": {"x": {"signals": {"a": 1}, "cooldown": "0s", "attribution": 0}},
+    },
+    {
+        "episodeTimeout": "1.5h",
+        "learning": {"gain": 0, "priorEpisodes": 0.01, "halfLife": 1, "lift": "association-rule"},
+        "intents": {
+            "x": {
+                "signals": {"a": 1},
+                "outcome": "o",
+                "halfLife": "2w",
+                "prior": 0.99,
+                "priorWeight": 0.1,
+                "threshold": 0,
+                "z": 0,
+                "resetOnOutcome": False,
+            }
+        },
+    },
 ]
 
 
@@ -34,10 +49,15 @@ def test_schema_accepts_what_the_validator_accepts(config):
     VALIDATOR.validate(config)
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    # JSON has no NaN: that rule is the validator's alone.
-    case for case in INVALID_CONFIGS if "(got nan)" not in case[1]
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        # JSON has no NaN: that rule is the validator's alone.
+        case
+        for case in INVALID_CONFIGS
+        if "(got nan)" not in case[1]
+    ],
+)
 def test_schema_rejects_what_the_validator_rejects(config, message):
     """Each invalid config of the validator's tests is invalid for the schema too."""
     with pytest.raises(ConfigError):
@@ -60,13 +80,18 @@ def test_load_config_prefixes_problems_with_the_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert [p for p, _ in caught.value.problems] == [
-        f"{path}: intents.upgrade.signals.x", f"{path}: intents.upgrade.prior"]
+        f"{path}: intents.upgrade.signals.x",
+        f"{path}: intents.upgrade.prior",
+    ]
 
 
-@pytest.mark.parametrize(("name", "text", "message"), [
-    ("bad.yaml", "intents: [unclosed", "not valid YAML"),
-    ("bad.json", "{", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.yaml", "intents: [unclosed", "not valid YAML"),
+        ("bad.json", "{", "not valid JSON"),
+    ],
+)
 def test_load_config_reports_unparseable_files(tmp_path, name, text, message):
     """A file that does not parse gives one message, not a traceback."""
     path = tmp_path / name

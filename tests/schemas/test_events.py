@@ -20,25 +20,51 @@ def _nested(depth):
     return value
 
 
-@pytest.mark.parametrize(("message", "expected"), [
-    ({"id": "e1", "user": "u1", "name": "pricing.viewed", "ts": TS},
-     Event("u1", TS, name="pricing.viewed", id="e1")),
-    ({"user": "u1", "name": "x", "ts": "2026-01-01T10:00:00Z"}, Event("u1", TS, name="x")),
-    ({"user": "u1", "name": "x", "ts": "2026-01-01T11:00:00+01:00"}, Event("u1", TS, name="x")),
-    ({"user": "u1", "name": "x", "ts": "2026-01-01T10:00:00"}, Event("u1", TS, name="x")),  # UTC
-    ({"user": "u1", "name": "x", "ts": float(TS)}, Event("u1", TS, name="x")),
-    ({"user": "u1", "type": "end", "ts": TS}, Event("u1", TS, type="end")),
-    ({"user": "u1", "type": "revealed", "intent": "upgrade", "ts": TS, "id": 7},
-     Event("u1", TS, type="revealed", intent="upgrade", id="7")),
-    ({"type": "track", "userId": "u9", "anonymousId": "a1", "event": "Signed Up",
-      "timestamp": "2026-01-01T10:00:00.000Z", "messageId": "m-1", "properties": {"plan": "pro"}},
-     Event("u9", TS, name="Signed Up", id="m-1")),
-    ({"type": "page", "anonymousId": "a1", "name": "Pricing", "timestamp": TS},
-     Event("a1", TS, name="page.viewed")),
-    ({"type": "screen", "userId": "u2", "timestamp": TS}, Event("u2", TS, name="screen.viewed")),
-    ({"user": "u1", "name": "x", "ts": TS, "extra": {"producers": "may add fields"}},
-     Event("u1", TS, name="x")),
-])
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            {"id": "e1", "user": "u1", "name": "pricing.viewed", "ts": TS},
+            Event("u1", TS, name="pricing.viewed", id="e1"),
+        ),
+        ({"user": "u1", "name": "x", "ts": "2026-01-01T10:00:00Z"}, Event("u1", TS, name="x")),
+        ({"user": "u1", "name": "x", "ts": "2026-01-01T11:00:00+01:00"}, Event("u1", TS, name="x")),
+        (
+            {"user": "u1", "name": "x", "ts": "2026-01-01T10:00:00"},
+            Event("u1", TS, name="x"),
+        ),  # UTC
+        ({"user": "u1", "name": "x", "ts": float(TS)}, Event("u1", TS, name="x")),
+        ({"user": "u1", "type": "end", "ts": TS}, Event("u1", TS, type="end")),
+        (
+            {"user": "u1", "type": "revealed", "intent": "upgrade", "ts": TS, "id": 7},
+            Event("u1", TS, type="revealed", intent="upgrade", id="7"),
+        ),
+        (
+            {
+                "type": "track",
+                "userId": "u9",
+                "anonymousId": "a1",
+                "event": "Signed Up",
+                "timestamp": "2026-01-01T10:00:00.000Z",
+                "messageId": "m-1",
+                "properties": {"plan": "pro"},
+            },
+            Event("u9", TS, name="Signed Up", id="m-1"),
+        ),
+        (
+            {"type": "page", "anonymousId": "a1", "name": "Pricing", "timestamp": TS},
+            Event("a1", TS, name="page.viewed"),
+        ),
+        (
+            {"type": "screen", "userId": "u2", "timestamp": TS},
+            Event("u2", TS, name="screen.viewed"),
+        ),
+        (
+            {"user": "u1", "name": "x", "ts": TS, "extra": {"producers": "may add fields"}},
+            Event("u1", TS, name="x"),
+        ),
+    ],
+)
 @pytest.mark.parametrize("encode", [msgpack.packb, lambda m: json.dumps(m).encode()])
 def test_messages_decode_to_events(message, expected, encode):
     """Native and Segment messages, msgpack or JSON, become engine events."""
@@ -53,28 +79,64 @@ def test_missing_ts_falls_back_to_the_record_timestamp():
         decode_event(raw)
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    (b"\xff\xfe", "not valid msgpack or JSON"),
-    (b"{not json", "not valid JSON"),
-    (msgpack.packb([1, 2]), "a message must be a map/object (got list)"),
-    (msgpack.packb({"user": 5, "name": "x", "ts": TS}), "field 'user' must be a non-empty string (got 5)"),
-    (msgpack.packb({"user": "u", "name": "", "ts": TS}), "field 'name' must be a non-empty string"),
-    (msgpack.packb({"name": "x", "ts": TS}), "field 'user' must be a non-empty string (got None)"),
-    (msgpack.packb({"user": "u", "name": "x", "ts": "yesterday"}),
-     "field 'ts' must be epoch milliseconds or an ISO-8601 time (got 'yesterday')"),
-    (msgpack.packb({"user": "u", "name": "x", "ts": True}), "field 'ts' must be epoch milliseconds"),
-    (msgpack.packb({"user": "u", "type": "delete", "ts": TS}), "field 'type' must be one of end, event"),
-    (msgpack.packb({"user": "u", "type": "revealed", "ts": TS}), "field 'intent' must be a non-empty"),
-    (msgpack.packb({"type": "track", "event": "x", "timestamp": TS}), "needs 'userId' or 'anonymousId'"),
-    (msgpack.packb({"user": "u" * 600, "name": "x", "ts": TS}), "field 'user' is longer than 512"),
-    (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", f"the limit is {MAX_MESSAGE_BYTES}"),
-    (msgpack.packb({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}), "not valid msgpack"),
-    (json.dumps({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}).encode(),
-     "has 300 items; the limit is 256"),
-    (json.dumps({"user": "u", "name": "x", "ts": TS, "p": _nested(18)}).encode(),
-     "nests deeper than 16 levels"),
-    (msgpack.packb({1: "int keys"}), "not valid msgpack"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\xff\xfe", "not valid msgpack or JSON"),
+        (b"{not json", "not valid JSON"),
+        (msgpack.packb([1, 2]), "a message must be a map/object (got list)"),
+        (
+            msgpack.packb({"user": 5, "name": "x", "ts": TS}),
+            "field 'user' must be a non-empty string (got 5)",
+        ),
+        (
+            msgpack.packb({"user": "u", "name": "", "ts": TS}),
+            "field 'name' must be a non-empty string",
+        ),
+        (
+            msgpack.packb({"name": "x", "ts": TS}),
+            "field 'user' must be a non-empty string (got None)",
+        ),
+        (
+            msgpack.packb({"user": "u", "name": "x", "ts": "yesterday"}),
+            "field 'ts' must be epoch milliseconds or an ISO-8601 time (got 'yesterday')",
+        ),
+        (
+            msgpack.packb({"user": "u", "name": "x", "ts": True}),
+            "field 'ts' must be epoch milliseconds",
+        ),
+        (
+            msgpack.packb({"user": "u", "type": "delete", "ts": TS}),
+            "field 'type' must be one of end, event",
+        ),
+        (
+            msgpack.packb({"user": "u", "type": "revealed", "ts": TS}),
+            "field 'intent' must be a non-empty",
+        ),
+        (
+            msgpack.packb({"type": "track", "event": "x", "timestamp": TS}),
+            "needs 'userId' or 'anonymousId'",
+        ),
+        (
+            msgpack.packb({"user": "u" * 600, "name": "x", "ts": TS}),
+            "field 'user' is longer than 512",
+        ),
+        (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", f"the limit is {MAX_MESSAGE_BYTES}"),
+        (
+            msgpack.packb({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}),
+            "not valid msgpack",
+        ),
+        (
+            json.dumps({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}).encode(),
+            "has 300 items; the limit is 256",
+        ),
+        (
+            json.dumps({"user": "u", "name": "x", "ts": TS, "p": _nested(18)}).encode(),
+            "nests deeper than 16 levels",
+        ),
+        (msgpack.packb({1: "int keys"}), "not valid msgpack"),
+    ],
+)
 def test_bad_messages_say_what_is_wrong(raw, message):
     """Each broken rule gives a DecodeError naming the field; the payload is never dumped."""
     with pytest.raises(DecodeError) as caught:

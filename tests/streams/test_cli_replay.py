@@ -30,8 +30,9 @@ def _run(tmp_path, lines, *extra):
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
-    code = main(["replay", str(events), "--config", str(CONFIG), "--out", str(out), "--quiet",
-                 *extra])
+    code = main(
+        ["replay", str(events), "--config", str(CONFIG), "--out", str(out), "--quiet", *extra]
+    )
     return code, [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -52,15 +53,33 @@ def test_replay_writes_the_engine_outputs_with_topics(tmp_path):
         (f"u2:{TS + MIN}", "end", TS + 3 * MIN),
         (f"u1:{TS + 40 * MIN}", "timeout", TS + 70 * MIN),
     ]
-    assert episodes[0]["intents"]["upgrade"] == {"verdict": "held",
-                                                 "signals": ["limit.hit", "pricing.viewed"]}
-    engine_result = replay(load_config(CONFIG), [
-        Event(e["user"], e["ts"], name=e.get("name"), type=e.get("type", "event"),
-              intent=e.get("intent"), id=e["id"]) for e in EVENTS])
-    expected = {f"u:{s.event.id}": {k: v.p for k, v in s.predictions.items()}
-                for s in engine_result.steps if s.predictions}
-    got = {f"u:{m['id'].split(':')[1]}": {k: v["p"] for k, v in m["intents"].items()}
-           for m in by_topic["oracular.predictions"]}
+    assert episodes[0]["intents"]["upgrade"] == {
+        "verdict": "held",
+        "signals": ["limit.hit", "pricing.viewed"],
+    }
+    engine_result = replay(
+        load_config(CONFIG),
+        [
+            Event(
+                e["user"],
+                e["ts"],
+                name=e.get("name"),
+                type=e.get("type", "event"),
+                intent=e.get("intent"),
+                id=e["id"],
+            )
+            for e in EVENTS
+        ],
+    )
+    expected = {
+        f"u:{s.event.id}": {k: v.p for k, v in s.predictions.items()}
+        for s in engine_result.steps
+        if s.predictions
+    }
+    got = {
+        f"u:{m['id'].split(':')[1]}": {k: v["p"] for k, v in m["intents"].items()}
+        for m in by_topic["oracular.predictions"]
+    }
     assert got == expected
     upgrade = next(m for m in messages if m["id"] == "u1:e5")["intents"]["upgrade"]
     assert upgrade["p"] == 0.15 and upgrade["before_outcome"]["p"] > 0.15
@@ -68,10 +87,14 @@ def test_replay_writes_the_engine_outputs_with_topics(tmp_path):
 
 def test_bad_lines_are_dead_lettered_with_line_numbers_and_the_rest_applies(tmp_path, capsys):
     """Nothing is lost: bad lines become DLQ records with the reason; good ones still apply."""
-    lines = [json.dumps(EVENTS[0]), "garbage", json.dumps({"user": "u1", "ts": TS}),
-             json.dumps({"type": "identify", "userId": "u1"}),
-             json.dumps({"user": "u1", "type": "revealed", "intent": "nope", "ts": TS}),
-             json.dumps(EVENTS[1])]
+    lines = [
+        json.dumps(EVENTS[0]),
+        "garbage",
+        json.dumps({"user": "u1", "ts": TS}),
+        json.dumps({"type": "identify", "userId": "u1"}),
+        json.dumps({"user": "u1", "type": "revealed", "intent": "nope", "ts": TS}),
+        json.dumps(EVENTS[1]),
+    ]
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
@@ -98,10 +121,18 @@ def test_msgpack_input_gives_the_same_outputs_as_jsonl(tmp_path):
 def test_until_closes_only_what_is_due_and_states_are_written(tmp_path):
     """--until is the final watermark; --states writes each user's final state."""
     states = tmp_path / "states.jsonl"
-    _, messages = _run(tmp_path, [json.dumps(e) for e in EVENTS], "--until", str(TS + 69 * MIN),
-                       "--states", str(states))
+    _, messages = _run(
+        tmp_path,
+        [json.dumps(e) for e in EVENTS],
+        "--until",
+        str(TS + 69 * MIN),
+        "--states",
+        str(states),
+    )
     assert [m["id"] for m in messages if m["topic"] == "oracular.episodes"] == [
-        f"u1:{TS}", f"u2:{TS + MIN}"]
+        f"u1:{TS}",
+        f"u2:{TS + MIN}",
+    ]
     import base64
 
     config = load_config(CONFIG)
@@ -129,4 +160,4 @@ def test_usage_errors_are_one_line_not_tracebacks(tmp_path, capsys):
 def test_check_config(capsys):
     """check-config summarises a valid config."""
     assert main(["check-config", str(CONFIG)]) == 0
-    assert "upgrade: 3 signals, outcome upgrade.completed" in capsys.readouterr().out
+    assert "upgrade: 4 signals, outcome upgrade.completed" in capsys.readouterr().out
