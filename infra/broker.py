@@ -477,7 +477,19 @@ def _format_storage(lib: Path, properties: Path, workdir: Path) -> None:
         raise BrokerError(msg)
 
 
-def _launch(lib: Path, properties: Path, workdir: Path) -> subprocess.Popen[bytes]:
+def tied_to_parent(cmd: list[str]) -> list[str]:
+    """`cmd` wrapped so that it gets SIGTERM when the process starting it dies.
+
+    Test sessions use it, so a pytest run that is killed leaves no broker or worker behind.
+    util-linux's setpriv sets the Linux parent-death signal and execs `cmd` (same pid); it is
+    on every Debian/Ubuntu system. Without it, `cmd` runs untied. (Popen's preexec_fn could
+    call prctl directly, but is unsafe once the test process has threads.)
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
+
+
+def _launch(lib: Path, properties: Path, workdir: Path, *, tie: bool) -> subprocess.Popen[bytes]:
     cmd = [
         "java",
         *JVM_OPTS,
@@ -491,7 +503,7 @@ def _launch(lib: Path, properties: Path, workdir: Path) -> subprocess.Popen[byte
         # Own session: a Ctrl-C in the terminal that ran `up` does not reach the broker, and the
         # broker outlives the CLI process that started it.
         return subprocess.Popen(
-            cmd,
+            tied_to_parent(cmd) if tie else cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -506,12 +518,14 @@ def start_broker(
     *,
     cache_dir: Path = DEFAULT_CACHE_DIR,
     ready_timeout: float = READY_TIMEOUT_S,
+    stop_with_parent: bool = False,
 ) -> Broker:
     """Start a broker whose config, data and log live in `workdir`, and wait until it answers.
 
     `port=None` (or 0) picks free ports; otherwise the broker listens on `port` and its
     controller on `port + 1`. A healthy broker left in `workdir` by an earlier run is reused
-    (if it is on the requested port); an unhealthy one is stopped first.
+    (if it is on the requested port); an unhealthy one is stopped first. `stop_with_parent`
+    makes the broker exit with the calling process (test sessions); the CLI's broker outlives it.
     """
     require_java()
     workdir = workdir.resolve()
@@ -532,17 +546,24 @@ def start_broker(
 
     started = time.monotonic()
     _format_storage(lib, properties, workdir)
-    process = _launch(lib, properties, workdir)
+    formatted = time.monotonic()
+    process = _launch(lib, properties, workdir, tie=stop_with_parent)
     broker = Broker(pid=process.pid, port=client_port, workdir=workdir, process=process)
+    # Both files at once: with them a later `up` or `down` finds this broker even if we are
+    # interrupted before it is ready.
     pid_path(workdir).write_text(f"{process.pid}\n")
+    bootstrap_path(workdir).write_text(broker.bootstrap + "\n")
     say(f"started kafka.Kafka (pid {process.pid}); log: {broker.log_path}")
     try:
         wait_ready(broker.bootstrap, lambda: process.poll() is None, broker.log_path, ready_timeout)
-    except BrokerError:
+    except BaseException:  # including Ctrl-C: leave no half-started broker behind
         broker.stop(timeout=5.0)
         raise
-    bootstrap_path(workdir).write_text(broker.bootstrap + "\n")
-    say(f"ready on {broker.bootstrap} in {time.monotonic() - started:.1f} s (format+start+probe)")
+    ready = time.monotonic()
+    say(
+        f"ready on {broker.bootstrap} in {ready - started:.1f} s (format "
+        f"{formatted - started:.1f} s, start until a metadata answer {ready - formatted:.1f} s)"
+    )
     return broker
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import stat
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +154,30 @@ def test_cluster_id_is_made_once_per_runtime_dir(tmp_path: Path) -> None:
 
     assert broker.cluster_id(tmp_path) == first
     assert len(first) == 22  # Kafka's Uuid: base64url of 16 bytes, no padding
+
+
+def test_a_tied_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # A parent starts `sleep 60` tied to itself, prints the child's pid and exits at once.
+    parent = (
+        "import subprocess, sys\n"
+        "from infra.broker import tied_to_parent\n"
+        "child = subprocess.Popen(tied_to_parent(['sleep', '60']))\n"
+        "print(child.pid, flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent],
+        cwd=broker.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    child = int(out.stdout)
+
+    deadline = time.monotonic() + 10
+    while broker.pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = broker.pid_alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the child outlived its parent"

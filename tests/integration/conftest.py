@@ -51,7 +51,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield bootstrap
         return
     try:
-        broker = start_broker(tmp_path_factory.mktemp("kafka"), port=None)
+        broker = start_broker(tmp_path_factory.mktemp("kafka"), port=None, stop_with_parent=True)
     except BrokerError as exc:
         _unavailable(str(exc))
     print(f"Kafka broker for this session: {broker.bootstrap}, log {broker.log_path}")

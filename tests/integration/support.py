@@ -20,7 +20,7 @@ from typing import TypeAlias
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from infra.broker import REPO_ROOT, tail
+from infra.broker import REPO_ROOT, tail, tied_to_parent
 
 # Generous for a 2-core machine that also runs the broker and the test process.
 WORKER_READY_TIMEOUT_S = 90.0  # start, join the group, create/recover tables, "Worker ready"
@@ -153,7 +153,7 @@ class FaustWorker:
             log.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
             self._log_offset = log.tell()
             self.process = subprocess.Popen(
-                self.argv,
+                tied_to_parent(self.argv),  # a killed pytest leaves no worker behind
                 env=self.env,
                 cwd=REPO_ROOT,
                 stdout=log,
