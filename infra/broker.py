@@ -93,9 +93,6 @@ SINGLE_NODE_SETTINGS = {
 }
 
 TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code
-UNKNOWN_TOPIC = 3
-
-log = logging.getLogger(__name__)
 
 
 class BrokerError(Exception):
@@ -136,8 +133,8 @@ def java_major_version() -> int:
     return int(match.group(2) or 0) if major == 1 else major  # "1.8" means Java 8
 
 
-def require_java() -> None:
-    require_tools("java")
+def require_java_17() -> None:
+    """Fail unless `java` on PATH is new enough for the Kafka 4 broker."""
     major = java_major_version()
     if major < MIN_JAVA:
         msg = (
@@ -151,15 +148,20 @@ def _pom_digest() -> str:
     return hashlib.sha256(POM.read_bytes()).hexdigest()
 
 
-def fetch_jars(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Copy the broker's jars into ``cache_dir/lib`` with Maven, unless already there.
+def jars_fetched(cache_dir: Path) -> bool:
+    """True if ``cache_dir/lib`` holds the jars of the current infra/pom.xml.
 
-    A stamp file holds the digest of infra/pom.xml, so changing the Kafka version in the pom
+    A stamp file holds the digest of the pom, so changing the Kafka version in the pom
     fetches again (into an emptied dir: two versions on one classpath would clash).
     """
+    stamp = cache_dir / "lib" / ".fetched"
+    return stamp.is_file() and stamp.read_text().strip() == _pom_digest()
+
+
+def fetch_jars(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """Copy the broker's jars into ``cache_dir/lib`` with Maven, unless already there."""
     lib = cache_dir / "lib"
-    stamp = lib / ".fetched"
-    if stamp.is_file() and stamp.read_text().strip() == _pom_digest():
+    if jars_fetched(cache_dir):
         return lib
     require_tools("mvn")
     say(f"fetching Kafka jars with Maven into {lib} (first run only, about 40 MB) ...")
@@ -183,7 +185,7 @@ def fetch_jars(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
             "Check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml)."
         )
         raise BrokerError(msg)
-    stamp.write_text(_pom_digest() + "\n")
+    (lib / ".fetched").write_text(_pom_digest() + "\n")
     say(f"fetched {len(list(lib.glob('*.jar')))} jars in {time.monotonic() - started:.1f} s")
     return lib
 
@@ -527,7 +529,9 @@ def start_broker(
     (if it is on the requested port); an unhealthy one is stopped first. `stop_with_parent`
     makes the broker exit with the calling process (test sessions); the CLI's broker outlives it.
     """
-    require_java()
+    # Every missing tool in one message: mvn only matters while the jars are not fetched.
+    require_tools("java", *([] if jars_fetched(cache_dir) else ["mvn"]))
+    require_java_17()
     workdir = workdir.resolve()
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
 

@@ -33,16 +33,46 @@ def fake_tool(bin_dir: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_missing_java_gives_one_message_saying_what_to_install(
+def fetched_jars(cache_dir: Path) -> Path:
+    """A jar cache that fetch_jars() takes as complete for the current pom."""
+    lib = cache_dir / "lib"
+    lib.mkdir(parents=True)
+    (lib / ".fetched").write_text(broker._pom_digest() + "\n")
+    return cache_dir
+
+
+def test_missing_java_and_maven_are_named_in_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java, no mvn; the jars are not fetched
+
+    with pytest.raises(BrokerError) as failure:
+        broker.start_broker(tmp_path / "kafka", cache_dir=tmp_path / "no-jars")
+
+    message = str(failure.value)
+    assert message.startswith("The local Kafka broker needs java, mvn on PATH.")
+    assert "apt-get install openjdk-17-jre-headless" in message
+    assert "apt-get install maven" in message
+
+
+def test_maven_is_not_required_once_the_jars_are_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    with pytest.raises(BrokerError, match=r"^The local Kafka broker needs java on PATH\."):
+        broker.start_broker(tmp_path / "kafka", cache_dir=fetched_jars(tmp_path / "cache"))
+
+
+def test_the_cli_prints_the_message_without_a_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no java, no mvn
+    monkeypatch.setenv("PATH", str(tmp_path))
 
     assert main(["--dir", str(tmp_path / "kafka"), "up"]) == 1
 
     err = capsys.readouterr().err
-    assert err.startswith("error: The local Kafka broker needs java on PATH.")
-    assert "openjdk-17-jre-headless" in err
+    assert err.startswith("error: The local Kafka broker needs java")
     assert "Traceback" not in err
 
 
@@ -53,7 +83,7 @@ def test_too_old_java_is_reported_with_its_version(
     monkeypatch.setenv("PATH", str(tmp_path))
 
     with pytest.raises(BrokerError, match=r"needs Java 17 or newer; `java` on PATH is Java 11"):
-        broker.require_java()
+        broker.start_broker(tmp_path / "kafka", cache_dir=fetched_jars(tmp_path / "cache"))
 
 
 def test_missing_maven_is_reported_when_the_jars_must_be_fetched(
@@ -71,8 +101,8 @@ def test_a_port_taken_by_another_program_is_named_with_the_way_out(
     capsys: pytest.CaptureFixture[str],
     listening_port: int,
 ) -> None:
-    # The check must come before java does anything; java itself is tested above.
-    monkeypatch.setattr(broker, "require_java", lambda: None)
+    # The check comes before any jar is fetched or java runs (java itself is tested above).
+    monkeypatch.setattr(broker, "require_java_17", lambda: None)
 
     code = main(["--dir", str(tmp_path / "kafka"), "up", "--port", str(listening_port)])
 
