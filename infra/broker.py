@@ -344,19 +344,18 @@ def probe(bootstrap: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 
 def wait_ready(
     bootstrap: str, is_alive: Callable[[], bool], log_path: Path, timeout_s: float
-) -> float:
-    """Probe until the broker answers; return the seconds waited.
+) -> None:
+    """Probe until the broker answers.
 
     Fails fast if the process dies, and after `timeout_s` otherwise, with the log's tail.
     """
-    started = time.monotonic()
-    deadline = started + timeout_s
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not is_alive():
             msg = f"The Kafka broker exited during start-up. Last lines of {log_path}:\n"
             raise BrokerError(msg + tail(log_path))
         if probe(bootstrap):
-            return time.monotonic() - started
+            return
         time.sleep(0.25)
     msg = (
         f"The Kafka broker did not answer a metadata request on {bootstrap} within "
@@ -391,10 +390,15 @@ class Broker:
     def stop(self, *, wipe: bool = False, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the broker (SIGTERM, then SIGKILL); `wipe` also deletes its data."""
         terminate(self.pid, self.process, timeout)
-        for path in (pid_path(self.workdir), bootstrap_path(self.workdir)):
-            path.unlink(missing_ok=True)
-        if wipe:
-            shutil.rmtree(self.workdir / "data", ignore_errors=True)
+        forget(self.workdir, wipe=wipe)
+
+
+def forget(workdir: Path, *, wipe: bool) -> None:
+    """Remove a stopped broker's pid and address files; `wipe` also deletes its data."""
+    for path in (pid_path(workdir), bootstrap_path(workdir)):
+        path.unlink(missing_ok=True)
+    if wipe:
+        shutil.rmtree(workdir / "data", ignore_errors=True)
 
 
 def pid_path(workdir: Path) -> Path:
@@ -695,14 +699,11 @@ def _cmd_down(args: argparse.Namespace) -> int:
     broker = find_running(args.dir.resolve())
     if broker is None:
         say(f"no broker running from {args.dir}")
-        for path in (pid_path(args.dir), bootstrap_path(args.dir)):
-            path.unlink(missing_ok=True)
-        if args.wipe:
-            shutil.rmtree(args.dir / "data", ignore_errors=True)
-        return 0
-    say(f"stopping broker pid {broker.pid} on {broker.bootstrap}")
-    broker.stop(wipe=args.wipe)
-    say("stopped" + (" and wiped its data" if args.wipe else ""))
+        forget(args.dir, wipe=args.wipe)  # stale pid/bootstrap files of a dead broker
+    else:
+        say(f"stopping broker pid {broker.pid} on {broker.bootstrap}")
+        broker.stop(wipe=args.wipe)
+        say("stopped" + (" and wiped its data" if args.wipe else ""))
     return 0
 
 
