@@ -48,7 +48,12 @@ async def test_totals_survive_a_worker_restart(
     )
 
     worker.start()
-    await produce(kafka, source, events(("u1", 1), ("u1", 2), ("u2", 10), ("u1", 3)))
+    # The undecodable message (0xc1 is never valid msgpack) sits between u1's events on the
+    # same partition: the agent must skip it and carry on.
+    garbage = [(b"u1", b"\xc1")]
+    await produce(
+        kafka, source, events(("u1", 1), ("u1", 2)) + garbage + events(("u2", 10), ("u1", 3))
+    )
     first = await consume_until(kafka, sink, lambda got: len(got) >= 4, what="4 totals")
     assert totals_by_user(first) == {"u1": [1, 3, 6], "u2": [10]}
     assert worker.stop() == 0
@@ -60,4 +65,5 @@ async def test_totals_survive_a_worker_restart(
     everything = await consume_until(kafka, sink, lambda got: len(got) >= 7, what="7 totals")
     assert totals_by_user(everything) == {"u1": [1, 3, 6, 10], "u2": [10, 15], "u3": [7]}
     assert worker.stop() == 0
+    assert "skipping" in worker.log_text(), "the bad message was logged"
     assert list((worker.datadir / "v1" / "tables").glob("totals-*.db")), "RocksDB store used"
