@@ -14,6 +14,7 @@ from engine.episodes import (
     close_if_due,
     end_episode,
     episode_closed,
+    timeout_deadline,
 )
 from engine.errors import (
     ConfigError,
@@ -100,4 +101,5 @@ __all__ = [
     "should_reveal",
     "state_from_record",
     "state_to_record",
+    "timeout_deadline",
 ]

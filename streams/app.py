@@ -1,0 +1,306 @@
+"""The Faust app: topics, the state table, the agent, the timer and the summary log.
+
+Run it with `oracular worker --config FILE` (or `faust -A streams.app worker`, reading the
+`ORACULAR_*` environment variables of `streams/settings.py`).
+
+The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
+`streams.processor.Processor` decide everything, then:
+1. publishes the batch's outputs and waits until the broker has them (`producer.flush`);
+2. writes each changed user's state once (one changelog record per user per batch);
+3. acks the batch's messages, so their offsets may be committed.
+In that order, a stored state that records an input as applied implies its outputs were
+delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
+loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids.
+Messages are acked by hand (`noack_take`): a batch interrupted by a crash or shutdown is never
+committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+from faust.streams import _current_event  # the partition Faust reads and writes tables on
+from faust.types import TP
+
+from engine import EngineConfig
+from schemas.config import load_config
+from streams.processor import (
+    DLQ,
+    EPISODES,
+    PREDICTIONS,
+    Batch,
+    InMessage,
+    Processor,
+    Table,
+    encode_tick,
+)
+from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
+
+log = logging.getLogger("oracular.worker")
+
+STATE_TABLE = "oracular-state"
+
+
+@contextlib.contextmanager
+def on_partition_of(event: Any) -> Iterator[None]:
+    """Make `event` Faust's current event, so table reads and writes use its partition.
+
+    Faust picks a table's RocksDB partition and changelog partition from the current event.
+    Inside a batch that is the batch's last message, not the one whose user is being read or
+    written, so each access names its own message. (faust-streaming 0.15.3; pinned.)
+    """
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+class FaustTable(Table):
+    """`streams.processor.Table` over a Faust table with bytes keys and values."""
+
+    def __init__(self, table: Any) -> None:
+        """Wrap `table`."""
+        self.table = table
+
+    def get(self, key: bytes, context: Any) -> bytes | None:
+        """Read on the partition of `context`."""
+        with on_partition_of(context):
+            value: bytes | None = self.table.get(key)
+            return value
+
+    def set(self, key: bytes, value: bytes, context: Any) -> None:
+        """Write on the partition of `context` (one changelog record)."""
+        with on_partition_of(context):
+            self.table[key] = value
+
+
+def create_app(settings: Settings, config: EngineConfig) -> faust.App:
+    """Build the worker's Faust app for `settings` and the engine `config`."""
+    settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    topics = settings.topics
+    partitions = topics.events.partitions
+    app = faust.App(
+        settings.app_id,
+        broker=settings.broker_url,
+        broker_credentials=settings.credentials(),
+        datadir=str(settings.state_dir),
+        store="rocksdb://",
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        table_standby_replicas=settings.standby_replicas,
+        # A stopped or killed worker leaves the group within this, not Faust's default 60 s.
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=max(settings.session_timeout_s / 5, 1.0),
+        broker_commit_interval=settings.commit_interval_s,
+        # At-least-once: Faust's exactly-once mode has open bugs (research notes, section D).
+        processing_guarantee="at_least_once",
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=settings.web_port is not None,
+        web_port=settings.web_port or 6066,
+    )
+
+    def topic(*names: str, internal: bool = False) -> Any:
+        return app.topic(
+            *names,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=partitions,
+            internal=internal,
+        )
+
+    inputs = topic(topics.events.name, topics.ticks.name)
+    ticks = topic(topics.ticks.name)
+    outputs = {
+        PREDICTIONS: topic(topics.predictions.name),
+        EPISODES: topic(topics.episodes.name),
+        DLQ: topic(topics.dlq.name),
+    }
+    table = app.Table(
+        STATE_TABLE,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=partitions,
+        options=dict(ROCKSDB_OPTIONS),
+    )
+    processor = Processor(
+        config,
+        events_topic=topics.events.name,
+        ticks_topic=topics.ticks.name,
+        grace_ms=settings.grace_ms,
+        output_format=settings.output_format,
+    )  # type: ignore[arg-type]
+    runtime = _Runtime(app, processor, FaustTable(table), outputs, settings)
+    app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
+
+    @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order, and Faust bug #606
+    async def process(stream: Any) -> None:
+        async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
+            await runtime.run_batch(events)
+            for event in events:
+                await stream.ack(event)
+
+    @app.timer(settings.tick_interval_s)
+    async def tick() -> None:
+        await runtime.send_ticks(ticks)
+
+    @app.timer(settings.summary_interval_s)
+    async def summary() -> None:
+        runtime.log_summary()
+
+    @table.on_recover
+    async def rebuild_deadlines() -> None:
+        runtime.rebuild(table)
+
+    @app.on_partitions_revoked.connect
+    async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
+        processor.forget(tp.partition for tp in revoked if tp.topic == topics.events.name)
+
+    @app.on_before_shutdown.connect
+    async def final_summary(app: Any, **_: Any) -> None:
+        runtime.log_summary()
+
+    del process, tick, summary, rebuild_deadlines, forget, final_summary  # registered above
+    return app
+
+
+class _Runtime:
+    """The agent's and timer's bodies, with what they share."""
+
+    def __init__(
+        self,
+        app: Any,
+        processor: Processor,
+        table: FaustTable,
+        outputs: dict[str, Any],
+        settings: Settings,
+    ) -> None:
+        self.app, self.processor, self.table = app, processor, table
+        self.outputs, self.settings = outputs, settings
+        self.events_topic = settings.topics.events.name
+        self.started = time.monotonic()
+        self._last_summary = (self.started, 0)
+
+    async def run_batch(self, events: list[Any]) -> None:
+        batch = Batch(self.table, self.processor.config)
+        messages = [_in_message(event) for event in events]
+        self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
+        for output in batch.outputs:
+            await self.outputs[output.role].send(key=output.key, value=output.value)
+        await self.app.producer.flush()  # outputs delivered before the states that record them
+        for key, value, context in batch.writes():
+            self.table.set(key, value, context)
+
+    def caught_up(self, partition: int) -> bool:
+        """True when every input message of `partition` up to its high-water mark is handled."""
+        tp = TP(self.events_topic, partition)
+        consumer = self.app.consumer
+        try:
+            highwater = consumer.highwater(tp)
+        except (AssertionError, KeyError, AttributeError):  # not fetched yet
+            return False
+        if highwater is None:
+            return False
+        handled = self.processor.next_offset.get(partition)
+        if handled is None:
+            # Nothing handled since this worker took the partition: where its committed
+            # offset is the high-water mark, nothing is waiting.
+            handled = consumer._committed_offset.get(tp)  # noqa: SLF001 - no public read
+        return handled is not None and handled >= highwater
+
+    async def send_ticks(self, ticks: Any) -> None:
+        """One tick per owned input partition, unless a rebalance or recovery is under way."""
+        app = self.app
+        if app.rebalancing or getattr(app, "in_recovery", False):
+            return
+        now = _wall_ms()
+        for tp in app.consumer.assignment():
+            if tp.topic == self.settings.topics.ticks.name:
+                await ticks.send(value=encode_tick(now), partition=tp.partition)
+
+    def rebuild(self, table: Any) -> None:
+        self.processor.rebuild(table.items())
+        log.info(
+            "deadline index rebuilt: %s users with an open episode",
+            sum(len(h) for h in self.processor.deadlines.values()),
+        )
+
+    def log_summary(self) -> None:
+        counts = self.processor.counts
+        now = time.monotonic()
+        handled = (
+            counts["applied"] + counts["duplicates"] + counts["dead_lettered"] + counts["ignored"]
+        )
+        since, before = self._last_summary
+        rate = (handled - before) / max(now - since, 1e-9)
+        self._last_summary = (now, handled)
+        fields = " ".join(
+            f"{name}={counts[name]}"
+            for name in (
+                "applied",
+                "duplicates",
+                "dead_lettered",
+                "ignored",
+                "late",
+                "predictions",
+                "episodes",
+                "closed_by_timer",
+                "ticks",
+            )
+        )
+        log.info("oracular summary: events_per_s=%.0f %s lag=%s", rate, fields, self._lag())
+
+    def _lag(self) -> int | str:
+        total = 0
+        for partition, handled in self.processor.next_offset.items():
+            try:
+                highwater = self.app.consumer.highwater(TP(self.events_topic, partition))
+            except (AssertionError, KeyError, AttributeError):
+                return "unknown"
+            total += max((highwater or 0) - handled, 0)
+        return total
+
+
+def _in_message(event: Any) -> InMessage:
+    message = event.message
+    timestamp = message.timestamp
+    return InMessage(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        value=message.value,
+        timestamp_ms=round(timestamp * 1000) if timestamp else None,
+        context=event,
+    )
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def app_from_env() -> faust.App:
+    """The app `faust -A streams.app` and `oracular worker` run: settings from ORACULAR_*."""
+    settings = settings_from_env()
+    config = load_config(settings.config_path)
+    log.info("oracular worker settings:\n%s", describe(settings))
+    return create_app(settings, config)
+
+
+def __getattr__(name: str) -> Any:
+    """`streams.app.app`, built from the environment on first use (for `faust -A streams.app`)."""
+    if name == "app":
+        built = app_from_env()
+        globals()["app"] = built
+        return built
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)

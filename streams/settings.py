@@ -1,0 +1,220 @@
+"""Worker settings: environment variables (`ORACULAR_*`), overridable by `oracular worker` flags.
+
+The engine's config (intents, signals, episodes) is a separate file (`ORACULAR_CONFIG`); these
+are the deployment's knobs. Defaults point at the broker `make broker-up` starts. Credentials
+are read here and never logged (`Settings.__repr__` hides them).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final
+
+from streams.topics import ProductTopics, product_topics
+
+DEFAULT_BROKER: Final = "127.0.0.1:9092"
+DEFAULT_APP_ID: Final = "oracular"
+
+# RocksDB's defaults are per partition DB (64 MiB write buffer x 3 and a 2 GiB block cache):
+# with 8 partitions that is GiBs. These bound one worker's table to ~100 MiB per partition.
+ROCKSDB_OPTIONS: Final = {
+    "write_buffer_size": 8 << 20,
+    "max_write_buffer_number": 2,
+    "block_cache_size": 32 << 20,
+}
+
+
+class SettingsError(ValueError):
+    """A setting has a value the worker cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything a worker needs besides the engine config."""
+
+    config_path: Path = Path("examples/oracular.yaml")
+    """ORACULAR_CONFIG: the engine config file (YAML or JSON)."""
+    broker: str = DEFAULT_BROKER
+    """ORACULAR_BROKER: bootstrap servers, `host:port[,host:port]`."""
+    app_id: str = DEFAULT_APP_ID
+    """ORACULAR_APP_ID: the Faust app id: consumer group and internal topic prefix."""
+    datadir: Path | None = None
+    """ORACULAR_DATADIR: RocksDB and Faust state; default var/faust/<app id>."""
+    topics: ProductTopics = field(default_factory=product_topics)
+    """ORACULAR_TOPIC_PREFIX / ORACULAR_TOPIC_* / ORACULAR_PARTITIONS (streams/topics.py)."""
+    tick_interval_s: float = 1.0
+    """ORACULAR_TICK_INTERVAL_S: how often the timer ticks each owned partition."""
+    grace_ms: int = 10_000
+    """ORACULAR_GRACE_MS: wall clock minus this joins the watermark while caught up."""
+    batch_max: int = 500
+    """ORACULAR_BATCH_MAX: most messages applied per batch (one state read/write per user)."""
+    batch_window_s: float = 0.05
+    """ORACULAR_BATCH_WINDOW_S: longest wait to fill a batch."""
+    output_format: str = "msgpack"
+    """ORACULAR_OUTPUT_FORMAT: msgpack or json, for the output topics."""
+    summary_interval_s: float = 30.0
+    """ORACULAR_SUMMARY_INTERVAL_S: how often the worker logs its counters."""
+    replication_factor: int = 1
+    """ORACULAR_REPLICATION_FACTOR: for the internal topics Faust creates (changelog)."""
+    standby_replicas: int = 0
+    """ORACULAR_STANDBY_REPLICAS: table standbys on other workers (0 for one worker)."""
+    session_timeout_s: float = 10.0
+    """ORACULAR_SESSION_TIMEOUT_S: a dead worker leaves the group after this."""
+    commit_interval_s: float = 1.0
+    """ORACULAR_COMMIT_INTERVAL_S: how often consumed offsets are committed."""
+    web_port: int | None = None
+    """ORACULAR_WEB_PORT: serve Faust's web views on this port; unset: no web server."""
+    security_protocol: str = "PLAINTEXT"
+    """ORACULAR_SECURITY_PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    sasl_mechanism: str = "PLAIN"
+    """ORACULAR_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."""
+    sasl_username: str | None = field(default=None, repr=False)
+    """ORACULAR_SASL_USERNAME."""
+    sasl_password: str | None = field(default=None, repr=False)
+    """ORACULAR_SASL_PASSWORD (never logged)."""
+    ssl_cafile: str | None = None
+    """ORACULAR_SSL_CAFILE: CA bundle for SSL / SASL_SSL (default: the system's)."""
+    ssl_certfile: str | None = None
+    """ORACULAR_SSL_CERTFILE: client certificate for mutual TLS."""
+    ssl_keyfile: str | None = field(default=None, repr=False)
+    """ORACULAR_SSL_KEYFILE: its private key."""
+
+    @property
+    def state_dir(self) -> Path:
+        """The datadir, defaulting to var/faust/<app id>."""
+        return self.datadir if self.datadir is not None else Path("var") / "faust" / self.app_id
+
+    @property
+    def broker_url(self) -> str:
+        """Faust's form of the bootstrap servers (`kafka://host:port;host:port`)."""
+        hosts = [h.strip() for h in self.broker.split(",") if h.strip()]
+        return ";".join(h if "://" in h else f"kafka://{h}" for h in hosts)
+
+    def credentials(self) -> Any:
+        """Faust broker credentials for TLS/SASL, or None for PLAINTEXT."""
+        import faust  # noqa: PLC0415 - keep faust out of `oracular replay`
+
+        protocol = self.security_protocol
+        context = None
+        if protocol in ("SSL", "SASL_SSL"):
+            context = ssl.create_default_context(cafile=self.ssl_cafile)
+            if self.ssl_certfile:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        if protocol == "SSL":
+            return faust.SSLCredentials(context)
+        if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            return faust.SASLCredentials(
+                username=self.sasl_username,
+                password=self.sasl_password,
+                mechanism=self.sasl_mechanism,
+                ssl_context=context,
+            )
+        return None
+
+
+_ENV: Final = {
+    "config_path": ("ORACULAR_CONFIG", Path),
+    "broker": ("ORACULAR_BROKER", str),
+    "app_id": ("ORACULAR_APP_ID", str),
+    "datadir": ("ORACULAR_DATADIR", Path),
+    "tick_interval_s": ("ORACULAR_TICK_INTERVAL_S", float),
+    "grace_ms": ("ORACULAR_GRACE_MS", int),
+    "batch_max": ("ORACULAR_BATCH_MAX", int),
+    "batch_window_s": ("ORACULAR_BATCH_WINDOW_S", float),
+    "output_format": ("ORACULAR_OUTPUT_FORMAT", str),
+    "summary_interval_s": ("ORACULAR_SUMMARY_INTERVAL_S", float),
+    "replication_factor": ("ORACULAR_REPLICATION_FACTOR", int),
+    "standby_replicas": ("ORACULAR_STANDBY_REPLICAS", int),
+    "session_timeout_s": ("ORACULAR_SESSION_TIMEOUT_S", float),
+    "commit_interval_s": ("ORACULAR_COMMIT_INTERVAL_S", float),
+    "web_port": ("ORACULAR_WEB_PORT", int),
+    "security_protocol": ("ORACULAR_SECURITY_PROTOCOL", str),
+    "sasl_mechanism": ("ORACULAR_SASL_MECHANISM", str),
+    "sasl_username": ("ORACULAR_SASL_USERNAME", str),
+    "sasl_password": ("ORACULAR_SASL_PASSWORD", str),
+    "ssl_cafile": ("ORACULAR_SSL_CAFILE", str),
+    "ssl_certfile": ("ORACULAR_SSL_CERTFILE", str),
+    "ssl_keyfile": ("ORACULAR_SSL_KEYFILE", str),
+}
+"""Settings field -> (environment variable, type)."""
+
+ENV_VARS: Final = {name: var for name, (var, _) in _ENV.items()}
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Read the settings from `env` (default: the process environment).
+
+    Raises:
+        SettingsError: listing every variable whose value is unusable.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    problems = []
+    for name, (var, kind) in _ENV.items():
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[name] = kind(raw)
+        except ValueError:
+            problems.append(f"{var}={raw!r}: must be a {kind.__name__}")
+    try:
+        values["topics"] = product_topics(env)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise SettingsError("\n".join(problems))
+    settings = Settings(**values)
+    _check(settings)
+    return settings
+
+
+def _check(settings: Settings) -> None:
+    problems = []
+    positive = (
+        "tick_interval_s",
+        "batch_max",
+        "batch_window_s",
+        "summary_interval_s",
+        "replication_factor",
+        "session_timeout_s",
+        "commit_interval_s",
+    )
+    for name in positive:
+        if getattr(settings, name) <= 0:
+            problems.append(f"{ENV_VARS[name]}: must be > 0 (got {getattr(settings, name)})")
+    if settings.grace_ms < 0:
+        problems.append(f"ORACULAR_GRACE_MS: must be >= 0 (got {settings.grace_ms})")
+    if settings.standby_replicas < 0:
+        problems.append("ORACULAR_STANDBY_REPLICAS: must be >= 0")
+    if settings.output_format not in ("msgpack", "json"):
+        problems.append(
+            f"ORACULAR_OUTPUT_FORMAT: must be msgpack or json (got {settings.output_format!r})"
+        )
+    protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    if settings.security_protocol not in protocols:
+        problems.append(f"ORACULAR_SECURITY_PROTOCOL: must be one of {', '.join(protocols)}")
+    if settings.security_protocol.startswith("SASL") and not (
+        settings.sasl_username and settings.sasl_password
+    ):
+        problems.append("ORACULAR_SASL_USERNAME and ORACULAR_SASL_PASSWORD: required for SASL")
+    if problems:
+        raise SettingsError("\n".join(problems))
+
+
+def describe(settings: Settings) -> str:
+    """One line per setting for the worker's start-up log; credentials are left out."""
+    hidden = {"sasl_username", "sasl_password", "ssl_keyfile"}
+    return (
+        "\n".join(
+            f"  {f.name} = {getattr(settings, f.name)!s}"
+            for f in fields(settings)
+            if f.name not in hidden and f.name != "topics"
+        )
+        + "\n  topics = "
+        + ", ".join(spec.name for spec in settings.topics)
+    )

@@ -1,0 +1,242 @@
+"""The worker's decisions without Faust: a dict stands in for the state table."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+
+from engine import Event, Replayer
+from schemas.config import load_config
+from schemas.outputs import decode_output
+from schemas.stored import decode_stored
+from streams.processor import Batch, InMessage, Processor, Table, encode_tick
+from tests.streams.test_cli_replay import CONFIG
+
+EVENTS, TICKS = "oracular.events", "oracular.ticks"
+TS = 1_767_261_600_000
+MIN = 60_000
+
+
+class DictTable(Table):
+    """A fake of the Faust table: one dict per partition, so a wrong partition shows."""
+
+    def __init__(self):
+        self.partitions: dict[int, dict[bytes, bytes]] = {}
+        self.writes = 0
+
+    def get(self, key, context):
+        return self.partitions.get(context, {}).get(key)
+
+    def set(self, key, value, context):
+        self.writes += 1
+        self.partitions.setdefault(context, {})[key] = value
+
+
+@pytest.fixture
+def config():
+    return load_config(CONFIG)
+
+
+def _message(offset, value, *, key=None, partition=0, topic=EVENTS, ts=None):
+    if isinstance(value, dict):
+        key = key if key is not None else value.get("user", "").encode()
+        value = msgpack.packb(value)
+    return InMessage(topic, partition, offset, key, value, ts, context=partition)
+
+
+def _run(processor, table, messages, *, caught_up=False, wall=0):
+    batch = Batch(table, processor.config)
+    processor.run_batch(batch, messages, lambda p: caught_up, lambda: wall)
+    for key, value, context in batch.writes():
+        table.set(key, value, context)
+    return [(o.role, o.key, decode_output(o.value)) for o in batch.outputs]
+
+
+def _processor(config, grace_ms=10_000):
+    return Processor(config, events_topic=EVENTS, ticks_topic=TICKS, grace_ms=grace_ms)
+
+
+def test_batch_applies_events_and_stores_each_user_once(config):
+    """One read and one write per user per batch; outputs match the offline replay."""
+    table, processor = DictTable(), _processor(config)
+    events = [
+        {"id": "a", "user": "u1", "name": "pricing.viewed", "ts": TS},
+        {"id": "b", "user": "u1", "name": "limit.hit", "ts": TS + MIN},
+        {"id": "c", "user": "u2", "name": "cancel.viewed", "ts": TS},
+    ]
+    outputs = _run(processor, table, [_message(i, e) for i, e in enumerate(events)])
+    assert table.writes == 2
+    replayer = Replayer(config)
+    expected = [
+        replayer.feed(Event(e["user"], e["ts"], name=e["name"], id=e["id"])) for e in events
+    ]
+    assert [o[2]["id"] for o in outputs] == ["u1:a", "u1:b", "u2:c"]
+    assert [o[2]["intents"] for o in outputs][1]["upgrade"]["p"] == expected[1].predictions[
+        "upgrade"
+    ].p
+    stored = decode_stored(table.partitions[0][b"u1"], config)
+    assert stored.state == replayer.states["u1"] and stored.last_offset == 1
+    assert processor.counts["applied"] == 3
+
+
+def test_redelivered_messages_are_skipped_as_duplicates(config):
+    """An offset at or below the user's last applied offset is not applied again."""
+    table, processor = DictTable(), _processor(config)
+    messages = [
+        _message(i, {"user": "u1", "name": "pricing.viewed", "ts": TS + i}) for i in range(3)
+    ]
+    _run(processor, table, messages)
+    before = table.partitions[0][b"u1"]
+    outputs = _run(processor, table, messages[1:])  # a redelivery after a crash
+    assert outputs == [] and table.partitions[0][b"u1"] == before
+    assert processor.counts["duplicates"] == 2 and processor.counts["applied"] == 3
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (InMessage(EVENTS, 0, 0, b"u1", b"\xc1garbage", None), "not valid msgpack or JSON"),
+        (
+            InMessage(
+                EVENTS, 0, 0, b"u1", msgpack.packb({"user": "u1", "name": 3, "ts": TS}), None
+            ),
+            "field 'name' must be a non-empty string",
+        ),
+        (
+            InMessage(EVENTS, 0, 0, b"u1", msgpack.packb({"name": "x", "ts": TS}), None),
+            "field 'user' must be a non-empty string",
+        ),
+        (
+            InMessage(
+                EVENTS, 0, 0, b"u1", msgpack.packb({"user": "u1", "type": "logout", "ts": TS}), None
+            ),
+            "field 'type' must be one of",
+        ),
+        (InMessage(EVENTS, 0, 0, b"u1", b"{" + b" " * 70_000 + b"}", None), "the limit is 65536"),
+        (
+            InMessage(
+                EVENTS,
+                0,
+                0,
+                b"\xff\xfe",
+                msgpack.packb({"user": "u1", "name": "x", "ts": TS}),
+                None,
+            ),
+            "the message key is not UTF-8",
+        ),
+        (
+            InMessage(
+                EVENTS, 0, 0, None, msgpack.packb({"user": "u1", "name": "x", "ts": TS}), None
+            ),
+            "the message has no key",
+        ),
+        (
+            InMessage(
+                EVENTS, 0, 0, b"u2", msgpack.packb({"user": "u1", "name": "x", "ts": TS}), None
+            ),
+            "is not its user 'u1'",
+        ),
+        (
+            InMessage(
+                EVENTS,
+                0,
+                0,
+                b"u1",
+                msgpack.packb({"user": "u1", "type": "revealed", "intent": "nope", "ts": TS}),
+                None,
+            ),
+            "unknown intent 'nope'",
+        ),
+    ],
+)
+def test_bad_input_is_dead_lettered_with_the_reason_and_the_original_bytes(config, message, reason):
+    """Every bad message lands in the DLQ with its reason, origin and bytes; nothing raises."""
+    table, processor = DictTable(), _processor(config)
+    outputs = _run(processor, table, [message])
+    [(role, key, record)] = outputs
+    assert role == "dlq" and key == message.key
+    assert reason in record["error"]
+    assert (record["topic"], record["partition"], record["offset"]) == (EVENTS, 0, 0)
+    assert record["value"] == message.value and record["key"] == message.key
+    assert processor.counts["dead_lettered"] == 1 and processor.counts["applied"] == 0
+
+
+def test_segment_identify_is_counted_as_ignored(config):
+    """Messages that carry no event are ignored, not dead-lettered."""
+    table, processor = DictTable(), _processor(config)
+    raw = json.dumps({"type": "identify", "userId": "u1"}).encode()
+    assert _run(processor, table, [InMessage(EVENTS, 0, 0, b"u1", raw, None, 0)]) == []
+    assert processor.counts["ignored"] == 1
+
+
+def test_missing_ts_uses_the_record_timestamp(config):
+    """The Kafka record timestamp stands in for a missing ts."""
+    table, processor = DictTable(), _processor(config)
+    _run(processor, table, [_message(0, {"user": "u1", "name": "pricing.viewed"}, ts=TS)])
+    assert decode_stored(table.partitions[0][b"u1"], config).state.clock == TS
+
+
+def _tick(partition=0, sent_at=0):
+    return InMessage(TICKS, partition, 0, None, encode_tick(sent_at), None, partition)
+
+
+def test_tick_closes_due_episodes_at_last_event_plus_timeout(config):
+    """A caught-up tick closes a silent user's episode at exactly last event + 30m."""
+    table, processor = DictTable(), _processor(config, grace_ms=10_000)
+    _run(processor, table, [_message(0, {"user": "u1", "name": "pricing.viewed", "ts": TS})])
+    deadline = TS + 30 * MIN
+    # Not caught up (a backfill): event time alone is the watermark; nothing closes early.
+    assert _run(processor, table, [_tick(sent_at=deadline + 10 * MIN)]) == []
+    # Caught up, but wall clock minus grace has not passed the deadline yet.
+    assert _run(processor, table, [_tick(sent_at=deadline + 10_000)], caught_up=True) == []
+    outputs = _run(processor, table, [_tick(sent_at=deadline + 10_001)], caught_up=True)
+    [(role, key, episode)] = outputs
+    assert (role, key) == ("episodes", b"u1")
+    assert (episode["id"], episode["closed_at"], episode["reason"]) == (
+        f"u1:{TS}",
+        deadline,
+        "timeout",
+    )
+    assert decode_stored(table.partitions[0][b"u1"], config).state.episode.started_at is None
+    assert _run(processor, table, [_tick(sent_at=deadline + 60 * MIN)], caught_up=True) == []
+    assert processor.counts["closed_by_timer"] == 1
+
+
+def test_timer_close_then_event_equals_the_lazy_close(config):
+    """Closing by tick, then the next event, stores what observe's lazy close stores."""
+    events = [
+        {"id": "a", "user": "u1", "name": "pricing.viewed", "ts": TS},
+        {"id": "b", "user": "u1", "name": "limit.hit", "ts": TS + 45 * MIN},
+    ]
+    live, lazy = DictTable(), DictTable()
+    processor = _processor(config, grace_ms=0)
+    out_live = _run(processor, live, [_message(0, events[0])])
+    out_live += _run(processor, live, [_tick(sent_at=TS + 40 * MIN)], caught_up=True)
+    out_live += _run(processor, live, [_message(1, events[1])])
+    out_lazy = _run(_processor(config), lazy, [_message(i, e) for i, e in enumerate(events)])
+    assert sorted(o[2]["id"] for o in out_live) == sorted(o[2]["id"] for o in out_lazy)
+    assert {o[2]["id"]: o[2] for o in out_live} == {o[2]["id"]: o[2] for o in out_lazy}
+    assert live.partitions == lazy.partitions
+
+
+def test_deadline_index_is_rebuilt_from_the_table(config):
+    """After recovery, a fresh processor finds the open episodes in the stored values."""
+    table, first = DictTable(), _processor(config)
+    _run(
+        first,
+        table,
+        [
+            _message(0, {"user": "u1", "name": "x", "ts": TS}),
+            _message(0, {"user": "u2", "name": "x", "ts": TS}, partition=1),
+        ],
+    )
+    second = _processor(config)
+    second.rebuild([(k, v) for part in table.partitions.values() for k, v in part.items()])
+    assert {p: [key for _, key in heap] for p, heap in second.deadlines.items()} == {
+        0: [b"u1"],
+        1: [b"u2"],
+    }
+    outputs = _run(second, table, [_tick(1, sent_at=TS + 31 * MIN)], caught_up=True)
+    assert [o[2]["id"] for o in outputs] == [f"u2:{TS}"]
