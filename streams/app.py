@@ -137,8 +137,8 @@ def create_app(settings: Settings, config: EngineConfig) -> faust.App:
         events_topic=topics.events.name,
         ticks_topic=topics.ticks.name,
         grace_ms=settings.grace_ms,
-        output_format=settings.output_format,
-    )  # type: ignore[arg-type]
+        output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
+    )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
 
@@ -161,11 +161,11 @@ def create_app(settings: Settings, config: EngineConfig) -> faust.App:
     async def rebuild_deadlines() -> None:
         runtime.rebuild(table)
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's signal typing
     async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
         processor.forget(tp.partition for tp in revoked if tp.topic == topics.events.name)
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
         runtime.log_summary()
 
@@ -214,7 +214,7 @@ class _Runtime:
         if handled is None:
             # Nothing handled since this worker took the partition: where its committed
             # offset is the high-water mark, nothing is waiting.
-            handled = consumer._committed_offset.get(tp)  # noqa: SLF001 - no public read
+            handled = consumer._committed_offset.get(tp)  # private: Faust has no public read of it
         return handled is not None and handled >= highwater
 
     async def send_ticks(self, ticks: Any) -> None:

@@ -21,6 +21,7 @@ from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, predict
 from streams.progress import Progress
 
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker is not there or refused
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,10 +76,94 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
     replay.set_defaults(run=run_replay)
 
+    worker = commands.add_parser(
+        "worker",
+        help="run the stream processor (a Faust worker) against Kafka",
+        description="Consume oracular.events, keep each user's engine state in RocksDB, close "
+        "idle episodes on a timer, and publish predictions and closed episodes. "
+        "Every flag has an ORACULAR_* environment variable (docs/operations.md).",
+        epilog="examples:\n"
+        "  oracular worker --config examples/oracular.yaml\n"
+        "  oracular worker --config cfg.yaml --broker kafka-1:9092 --app-id oracular-prod\n"
+        "  ORACULAR_PARTITIONS=16 oracular worker --config cfg.yaml --datadir /data/w1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    worker.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
+    for flag, var, what in WORKER_FLAGS:
+        worker.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
+    worker.add_argument("--loglevel", default="info", help="Faust log level (default info)")
+    worker.add_argument(
+        "--no-create-topics",
+        action="store_true",
+        help="fail instead of creating missing product topics",
+    )
+    worker.set_defaults(run=run_worker)
+
     check = commands.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("config")
     check.set_defaults(run=run_check_config)
     return parser
+
+
+WORKER_FLAGS = [
+    ("--broker", "ORACULAR_BROKER", "bootstrap servers host:port[,host:port]"),
+    ("--app-id", "ORACULAR_APP_ID", "Faust app id: consumer group and internal topic prefix"),
+    ("--datadir", "ORACULAR_DATADIR", "RocksDB state directory (default var/faust/APP_ID)"),
+    ("--partitions", "ORACULAR_PARTITIONS", "partitions of every product topic (default 8)"),
+    ("--topic-prefix", "ORACULAR_TOPIC_PREFIX", "topic names <prefix>.events etc."),
+    ("--tick-interval", "ORACULAR_TICK_INTERVAL_S", "seconds between timer ticks (default 1)"),
+    ("--grace-ms", "ORACULAR_GRACE_MS", "wall-clock grace for in-flight events (10000)"),
+    ("--output-format", "ORACULAR_OUTPUT_FORMAT", "msgpack (default) or json"),
+    ("--web-port", "ORACULAR_WEB_PORT", "serve Faust's web views on this port"),
+]
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """`oracular worker`: check the broker and topics, then run the Faust worker."""
+    import asyncio
+    import os
+
+    from streams.admin import BrokerError, ensure_topics_async, no_broker_message, probe_async
+    from streams.settings import SettingsError, settings_from_env
+
+    if args.config:
+        os.environ["ORACULAR_CONFIG"] = args.config
+    for _, var, _ in WORKER_FLAGS:
+        if getattr(args, var) is not None:
+            os.environ[var] = getattr(args, var)
+    try:
+        settings = settings_from_env()
+    except SettingsError as exc:
+        print(f"oracular worker: bad settings:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config(settings.config_path)
+    client = settings.client_kwargs()
+    if not asyncio.run(probe_async(settings.broker, client=client)):
+        print(f"oracular worker: {no_broker_message(settings.broker)}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    specs = list(settings.topics)
+    try:
+        if args.no_create_topics:
+            from streams.admin import check_topics_async
+
+            asyncio.run(check_topics_async(settings.broker, specs, client=client))
+        else:
+            asyncio.run(
+                ensure_topics_async(
+                    settings.broker, specs, replication=settings.replication_factor, client=client
+                )
+            )
+    except BrokerError as exc:
+        print(f"oracular worker: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    import faust
+
+    from streams.app import create_app
+
+    app = create_app(settings, config)
+    worker = faust.Worker(app, loglevel=args.loglevel)
+    worker.execute_from_commandline()
+    return 0
 
 
 def run_check_config(args: argparse.Namespace) -> int:

@@ -115,6 +115,24 @@ class Settings:
             )
         return None
 
+    def client_kwargs(self) -> dict[str, Any]:
+        """The same security settings as keyword arguments for aiokafka clients."""
+        if self.security_protocol == "PLAINTEXT":
+            return {}
+        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            context = ssl.create_default_context(cafile=self.ssl_cafile)
+            if self.ssl_certfile:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+            kwargs["ssl_context"] = context
+        if self.security_protocol.startswith("SASL"):
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        return kwargs
+
 
 _ENV: Final = {
     "config_path": ("ORACULAR_CONFIG", Path),
