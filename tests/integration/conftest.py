@@ -11,7 +11,7 @@ broken broker into green skips), and are skipped otherwise, saying how to get on
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -73,16 +73,24 @@ def faust_worker(kafka: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     """Make Faust workers (not yet started); whatever still runs at teardown is killed.
 
     ``faust_worker("streams.smoke_app", app_id="x", env={...})`` gives a worker wired to the
-    session broker with its own datadir and log under tmp_path.
+    session broker with its own datadir and log under tmp_path. `argv` replaces the default
+    ``python -m faust -A <app> worker ...`` command (e.g. the product's ``oracular worker``).
     """
     workers: list[FaustWorker] = []
 
-    def make(app: str, *, app_id: str, env: Mapping[str, str] | None = None) -> FaustWorker:
+    def make(
+        app: str,
+        *,
+        app_id: str,
+        env: Mapping[str, str] | None = None,
+        argv: Sequence[str] | None = None,
+    ) -> FaustWorker:
         worker = FaustWorker(
             app,
             env={"ORACULAR_BROKER": kafka, "ORACULAR_APP_ID": app_id, **(env or {})},
             datadir=tmp_path / app_id / "data",
             log_path=tmp_path / app_id / "worker.log",
+            argv=argv,
         )
         print(f"worker {app_id}: log {worker.log_path}")  # shown if the test fails
         workers.append(worker)
