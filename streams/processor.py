@@ -163,7 +163,11 @@ class Processor:
             return
         slot = batch.slot(key, message)
         if message.offset <= slot.user.last_offset:
+            # A redelivery after a crash. The local store already has this input, but its
+            # changelog record may not have left before the crash: write the state again so
+            # a restore from the changelog cannot fall behind the committed offsets.
             self.counts["duplicates"] += 1
+            slot.dirty = True
             return
         try:
             step = apply_event(slot.user.state, event)
