@@ -6,7 +6,7 @@ Used three ways:
   ``make broker-down`` and ``make topics`` run). ``up`` prints the bootstrap address and writes
   it to ``<runtime dir>/bootstrap.txt``.
 - Test fixtures: ``start_broker(workdir, port=None)`` returns a :class:`Broker` (``.bootstrap``,
-  ``.stop()``); ``ensure_topics(bootstrap, specs)`` creates topics idempotently.
+  ``.stop()``); ``streams.admin.ensure_topics(bootstrap, specs)`` creates topics idempotently.
 - ``fetch_jars()`` alone, to warm the jar cache (``make kafka``).
 
 How it works: Maven copies ``kafka_2.13`` and a log4j2 binding (``infra/pom.xml``) into a cache
@@ -25,7 +25,6 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -34,13 +33,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
+# Topic creation, the readiness probe and BrokerError live in streams.admin: the installed
+# worker needs them too, and infra/ is not installed.
+from streams.admin import (
+    BrokerError,
+    ensure_topics,
+    probe_async,
+)
 from streams.topics import product_topics
 
 INFRA_DIR = Path(__file__).resolve().parent
@@ -91,12 +94,6 @@ SINGLE_NODE_SETTINGS = {
     "log.cleaner.threads": "1",
     "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
 }
-
-TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code
-
-
-class BrokerError(Exception):
-    """A failure with a message for the user: what went wrong and what to do next."""
 
 
 def say(message: str) -> None:
@@ -310,35 +307,8 @@ def terminate(
 # --- readiness --------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _quiet_aiokafka() -> Iterator[None]:
-    """Silence aiokafka's connection errors while we poll a broker that is still starting."""
-    logger = logging.getLogger("aiokafka")
-    old = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
-async def probe_async(bootstrap: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """One real client round trip: connect, fetch metadata. True if the broker answered."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
-    try:
-        with _quiet_aiokafka():
-            await asyncio.wait_for(admin.start(), timeout_s)
-            await asyncio.wait_for(admin.list_topics(), timeout_s)
-    except Exception:  # any failure means "not ready yet"; the caller retries or reports
-        return False
-    finally:
-        await admin.close()
-    return True
-
-
 def probe(bootstrap: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """True if a broker at `bootstrap` answers a metadata request within `timeout_s`."""
     return asyncio.run(probe_async(bootstrap, timeout_s))
 
 
@@ -573,106 +543,6 @@ def start_broker(
         f"{formatted - started:.1f} s, start until a metadata answer {ready - formatted:.1f} s)"
     )
     return broker
-
-
-# --- topics -----------------------------------------------------------------------------------
-
-
-class TopicLike(Protocol):
-    """What ensure_topics needs from a topic declaration (streams.topics.TopicSpec fits)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def partitions(self) -> int: ...
-    @property
-    def config(self) -> Mapping[str, str]: ...
-
-
-@dataclass(frozen=True)
-class TopicResult:
-    name: str
-    wanted: int
-    actual: int
-    created: bool
-
-    @property
-    def matches(self) -> bool:
-        return self.wanted == self.actual
-
-
-async def _create(admin: AIOKafkaAdminClient, specs: Sequence[TopicLike]) -> set[str]:
-    """Create the topics; return the names created now (existing ones are fine)."""
-    new = [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in specs]
-    response = await admin.create_topics(new)
-    created = set()
-    for name, code, message in response.topic_errors:
-        if code == 0:
-            created.add(name)
-        elif code != TOPIC_ALREADY_EXISTS:
-            msg = f"Kafka refused to create topic {name!r}: error {code}: {message}"
-            raise BrokerError(msg)
-    return created
-
-
-async def _partition_counts(
-    admin: AIOKafkaAdminClient, names: list[str], timeout_s: float
-) -> dict[str, int]:
-    """Partition count per topic, retrying while new topics' metadata propagates."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = await admin.describe_topics(names)
-        counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
-        if len(counts) == len(names) or time.monotonic() > deadline:
-            missing = sorted(set(names) - set(counts))
-            if missing:
-                msg = f"Topics {missing} do not show up in the broker's metadata."
-                raise BrokerError(msg)
-            return counts
-        await asyncio.sleep(0.2)
-
-
-async def ensure_topics_async(
-    bootstrap: str, specs: Iterable[TopicLike], timeout_s: float = 30.0
-) -> list[TopicResult]:
-    """Create missing topics (replication factor 1) and report every topic's partitions.
-
-    Raises BrokerError if an existing topic has a different partition count: Faust needs the
-    input and table partitions equal, so that must be fixed, not ignored.
-    """
-    specs = list(specs)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
-    try:
-        await admin.start()
-        created = await _create(admin, specs)
-        counts = await _partition_counts(admin, [s.name for s in specs], timeout_s)
-    except BrokerError:
-        raise
-    except Exception as exc:
-        msg = f"Could not create topics on {bootstrap}: {exc!r}. Is the broker up?"
-        raise BrokerError(msg) from exc
-    finally:
-        await admin.close()
-    results = [TopicResult(s.name, s.partitions, counts[s.name], s.name in created) for s in specs]
-    mismatched = [r for r in results if not r.matches]
-    if mismatched:
-        lines = "; ".join(f"{r.name} has {r.actual}, wanted {r.wanted}" for r in mismatched)
-        msg = (
-            f"Partition count mismatch: {lines}. Faust needs the configured count (input and "
-            "table partitions must be equal). Delete and recreate the topic (its data is lost), "
-            "or set ORACULAR_PARTITIONS to the existing count."
-        )
-        raise BrokerError(msg)
-    return results
-
-
-def ensure_topics(
-    bootstrap: str, specs: Iterable[TopicLike], timeout_s: float = 30.0
-) -> list[TopicResult]:
-    """Synchronous ensure_topics_async, for the CLI and session fixtures (no running loop)."""
-    return asyncio.run(ensure_topics_async(bootstrap, specs, timeout_s))
 
 
 # --- CLI --------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import msgpack
 import pytest
 
-from infra.broker import BrokerError, ensure_topics, ensure_topics_async, main
+from infra.broker import main
+from streams.admin import BrokerError, ensure_topics, ensure_topics_async
 from streams.topics import TopicSpec, product_topics
 
 from .support import consume_until, produce

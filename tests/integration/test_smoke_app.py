@@ -7,7 +7,7 @@ from collections.abc import Callable
 import msgpack
 import pytest
 
-from infra.broker import ensure_topics_async
+from streams.admin import ensure_topics_async
 from streams.topics import TopicSpec
 
 from .conftest import WorkerFactory
