@@ -14,10 +14,6 @@ KAFKA_PORT ?= 9092
 KAFKA_DIR ?= var/kafka
 BROKER = $(PY) -m infra.broker --dir $(KAFKA_DIR)
 
-# What `make run` starts, in the foreground, against the local broker. For now the smoke app;
-# once the product's CLI exists: make run WORKER_CMD='$(VENV)/bin/oracular worker --config examples/oracular.yaml'
-WORKER_CMD ?= $(PY) -m faust -A streams.smoke_app worker -l info --without-web
-
 PYTEST_ARGS ?=
 
 .PHONY: help setup kafka broker-up broker-down topics test test-fast lint typecheck check run \
@@ -64,8 +60,8 @@ typecheck: setup ## mypy: --strict on engine/ and schemas/, normal on streams/
 
 check: lint typecheck test ## lint, typecheck and test
 
-run: topics ## the worker in the foreground against the local broker (WORKER_CMD)
-	ORACULAR_BROKER=$$(cat $(KAFKA_DIR)/bootstrap.txt) exec $(WORKER_CMD)
+run: topics ## the worker on examples/oracular.yaml, fed examples/clickstream.jsonl, outputs tailed
+	KAFKA_DIR=$(KAFKA_DIR) VENV=$(VENV) infra/run.sh
 
 bench: setup ## run the benchmarks (python -m bench) if the project has them
 	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("bench") is None)'; \

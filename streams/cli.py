@@ -99,6 +99,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(run=run_worker)
 
+    produce = commands.add_parser(
+        "produce",
+        help="send an events file to the input topic (msgpack, keyed by user)",
+        epilog="example:\n  oracular produce examples/clickstream.jsonl --now",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    produce.add_argument("events", help="JSON lines or a msgpack stream of native/Segment events")
+    produce.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    produce.add_argument(
+        "--now",
+        action="store_true",
+        help="shift times so the last event happens now (live timeouts)",
+    )
+    produce.add_argument("--quiet", action="store_true")
+    produce.set_defaults(run=run_produce)
+
+    tail = commands.add_parser(
+        "tail",
+        help="print predictions, closed episodes and dead letters as they arrive",
+        epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tail.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    tail.add_argument("--from-beginning", action="store_true")
+    tail.add_argument("--max", type=int, help="stop after this many messages")
+    tail.add_argument("--idle", type=float, help="stop after this many seconds without messages")
+    tail.add_argument(
+        "--topics",
+        default="predictions,episodes,dlq",
+        help="which outputs (default predictions,episodes,dlq)",
+    )
+    tail.set_defaults(run=run_tail)
+
     check = commands.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("config")
     check.set_defaults(run=run_check_config)
@@ -163,6 +196,85 @@ def run_worker(args: argparse.Namespace) -> int:
     app = create_app(settings, config)
     worker = faust.Worker(app, loglevel=args.loglevel)
     worker.execute_from_commandline()
+    return 0
+
+
+def _kafka_settings(args: argparse.Namespace) -> Any:
+    import os
+
+    from streams.settings import SettingsError, settings_from_env
+
+    if getattr(args, "broker", None):
+        os.environ["ORACULAR_BROKER"] = args.broker
+    try:
+        return settings_from_env()
+    except SettingsError as exc:
+        raise ConfigError([("settings", str(exc))]) from exc
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    """`oracular produce`: an events file onto the input topic."""
+    import time
+
+    from streams.kafkatools import produce_file, run
+
+    settings = _kafka_settings(args)
+    path = Path(args.events)
+    if not path.is_file():
+        print(f"oracular produce: no such file {path}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = Progress("produce", enabled=not args.quiet)
+    now = int(time.time() * 1000) if args.now else None
+    result = run(
+        produce_file(
+            settings.broker,
+            settings.topics.events.name,
+            path,
+            now_ms=now,
+            client=settings.client_kwargs(),
+            progress=progress,
+        )
+    )
+    progress.close()
+    if result is not None and not args.quiet:
+        sent, skipped = result
+        print(
+            f"produce: {sent:,} events to {settings.topics.events.name} on {settings.broker}"
+            f" ({skipped} skipped)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_tail(args: argparse.Namespace) -> int:
+    """`oracular tail`: print output messages as JSON lines."""
+    from streams.kafkatools import run, tail_topics
+
+    settings = _kafka_settings(args)
+    names = {
+        "predictions": settings.topics.predictions.name,
+        "episodes": settings.topics.episodes.name,
+        "dlq": settings.topics.dlq.name,
+    }
+    wanted = [w.strip() for w in args.topics.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        print(
+            f"oracular tail: unknown output {unknown[0]!r}; use predictions, episodes, dlq",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    run(
+        tail_topics(
+            settings.broker,
+            [names[w] for w in wanted],
+            from_beginning=args.from_beginning,
+            limit=args.max,
+            idle_s=args.idle,
+            out=sys.stdout,
+            client=settings.client_kwargs(),
+        )
+    )
     return 0
 
 

@@ -1,0 +1,119 @@
+"""`oracular produce` and `oracular tail`: put events on the input topic, watch the outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas.files import file_format, read_lines
+from schemas.outputs import decode_output
+from streams.progress import Progress
+
+
+async def produce_file(
+    bootstrap: str,
+    topic: str,
+    path: Path,
+    *,
+    now_ms: int | None = None,
+    client: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> tuple[int, int]:
+    """Send every event of `path` to `topic` as msgpack, keyed by user (murmur2).
+
+    With `now_ms`, times are shifted so the file's last event happens at `now_ms` (a demo
+    then sees live timeouts); gaps between events are kept.
+
+    Returns:
+        (sent, skipped): skipped lines are reported on stderr with their line number.
+    """
+    with path.open("rb") as handle:
+        lines = list(read_lines(handle, file_format(path)))
+    events = [line.event for line in lines if line.event is not None]
+    for line in lines:
+        if line.event is None and not line.ignored:
+            print(f"oracular produce: skipped {line.error}", file=sys.stderr)
+    shift = 0 if now_ms is None or not events else now_ms - max(e.at for e in events)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(client or {})
+    )
+    await producer.start()
+    try:
+        for n, event in enumerate(events, start=1):
+            message = {"user": event.user, "ts": event.at + shift, "type": event.type}
+            for field in ("name", "intent", "id"):
+                if getattr(event, field) is not None:
+                    message[field] = getattr(event, field)
+            await producer.send(topic, msgpack.packb(message), key=event.user.encode())
+            if progress is not None:
+                progress.advance(n)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return len(events), len(lines) - len(events)
+
+
+async def tail_topics(
+    bootstrap: str,
+    topics: Sequence[str],
+    *,
+    from_beginning: bool,
+    limit: int | None,
+    idle_s: float | None,
+    out: TextIO,
+    client: Mapping[str, Any] | None = None,
+) -> int:
+    """Print output messages as they arrive, one JSON line each, until `limit` or `idle_s`."""
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        **(client or {}),
+    )
+    await consumer.start()
+    shown = 0
+    last = time.monotonic()
+    try:
+        while limit is None or shown < limit:
+            batches = await consumer.getmany(timeout_ms=500)
+            records = [r for batch in batches.values() for r in batch]
+            if not records and idle_s is not None and time.monotonic() - last > idle_s:
+                break
+            for record in records:
+                last = time.monotonic()
+                out.write(_line(record.topic, record.value) + "\n")
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
+            out.flush()
+    finally:
+        await consumer.stop()
+    return shown
+
+
+def _line(topic: str, value: bytes | None) -> str:
+    try:
+        message: Any = decode_output(value or b"")
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        message = {"undecodable": (value or b"")[:64].decode("latin-1")}
+    return json.dumps(
+        {"topic": topic, **message}, separators=(",", ":"), default=lambda b: b.decode("latin-1")
+    )
+
+
+def run(coro: Any) -> Any:
+    """asyncio.run, with Ctrl-C ending quietly."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        return None
