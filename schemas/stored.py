@@ -55,7 +55,7 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     Raises:
         StateFormatError: the bytes are not a stored user (or a newer version).
     """
-    version, partition, last_offset, _deadline, record = _header(raw)
+    _, partition, last_offset, _, record = _header(raw)
     return StoredUser(state_from_record(record, config=config), partition, last_offset)
 
 

@@ -15,8 +15,14 @@ LOG_INTERVAL_S = 10.0
 class Progress:
     """Counts work units; redraws a line on a terminal, prints one now and then elsewhere."""
 
-    def __init__(self, label: str, total: int | None = None, unit: str = "events",
-                 stream: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        unit: str = "events",
+        stream: TextIO | None = None,
+        enabled: bool = True,
+    ) -> None:
         """Start the clock. `total` in the same units as `advance`, if known."""
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream if stream is not None else sys.stderr
