@@ -110,14 +110,23 @@ def lift_and_score(
     Returns:
         The raw measure and its evidence score; `learned = gain × |w0| × score`.
     """
-    raw_fn, score_fn, against_base = LIFT_MEASURES[measure]
     n_with = hits + misses
-    n_without = max(episodes - n_with, 0.0)
     q = (hits + 1.0) / (n_with + 2.0)
-    if against_base:
-        other = (outcomes + 2.0) / (episodes + 4.0)
-    else:
-        other = (max(outcomes - hits, 0.0) + 1.0) / (n_without + 2.0)
+    return rates_lift_and_score(measure, q, baseline(measure, hits, misses, outcomes, episodes))
+
+
+def baseline(measure: str, hits: float, misses: float, outcomes: float, episodes: float) -> float:
+    """What q is compared with: b = (outcomes − hits + 1) / (nWithout + 2), Laplace-smoothed,
+    or for association-rule lift the overall rate P(B) = (outcomes + 2) / (episodes + 4)."""
+    if LIFT_MEASURES[measure][2]:
+        return (outcomes + 2.0) / (episodes + 4.0)
+    n_without = max(episodes - hits - misses, 0.0)
+    return (max(outcomes - hits, 0.0) + 1.0) / (n_without + 2.0)
+
+
+def rates_lift_and_score(measure: str, q: float, other: float) -> tuple[float, float]:
+    """(raw lift, evidence score) of an outcome rate q against `baseline`'s rate."""
+    raw_fn, score_fn, _ = LIFT_MEASURES[measure]
     raw = raw_fn(q, other)
     return raw, max(-1.0, min(1.0, score_fn(raw)))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +22,16 @@ from schemas.events import (
     event_from_message,
 )
 
-FileFormat = Literal["jsonl", "msgpack"]
+FileFormat = Literal["jsonl", "msgpack", "csv"]
+
+
+@dataclass(frozen=True, slots=True)
+class CsvColumns:
+    """Which CSV columns hold the user, the event name and the time (epoch ms or ISO-8601)."""
+
+    user: str = "user"
+    event: str = "event"
+    time: str = "time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,28 +44,37 @@ class Line:
     """Why the message is dead-lettered (None for events and ignored messages)."""
     ignored: bool = False
     raw: bytes = b""
+    where: str = ""
+    """Where in the file: "line N" (JSONL, CSV) or "message N" (msgpack)."""
 
 
 def file_format(path: Path, declared: str | None = None) -> FileFormat:
-    """The format named, else guessed from the suffix (.msgpack/.mpk: msgpack, else JSONL)."""
-    if declared in ("jsonl", "msgpack"):
+    """The format named, else guessed from the suffix (.msgpack/.mpk, .csv, else JSONL)."""
+    if declared in ("jsonl", "msgpack", "csv"):
         return declared  # type: ignore[return-value]
+    if path.suffix == ".csv":
+        return "csv"
     return "msgpack" if path.suffix in (".msgpack", ".mpk") else "jsonl"
 
 
-def read_lines(handle: BinaryIO, fmt: FileFormat) -> Iterator[Line]:
+def read_lines(
+    handle: BinaryIO, fmt: FileFormat, columns: CsvColumns | None = None
+) -> Iterator[Line]:
     """Yield every message of an open binary file, decoded or with the reason it is not."""
-    messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
+    if fmt == "csv":
+        messages = _csv(handle, columns or CsvColumns())
+    else:
+        messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
     for index, (where, raw, obj, parse_error) in enumerate(messages):
         if parse_error is not None:
-            yield Line(index, None, f"{where}: {parse_error}", raw=raw)
+            yield Line(index, None, f"{where}: {parse_error}", raw=raw, where=where)
             continue
         try:
-            yield Line(index, event_from_message(obj), raw=raw)
+            yield Line(index, event_from_message(obj), raw=raw, where=where)
         except IgnoredMessage:
-            yield Line(index, None, ignored=True, raw=raw)
+            yield Line(index, None, ignored=True, raw=raw, where=where)
         except DecodeError as exc:
-            yield Line(index, None, f"{where}: {exc}", raw=raw)
+            yield Line(index, None, f"{where}: {exc}", raw=raw, where=where)
 
 
 Parsed = tuple[str, bytes, Any, str | None]
@@ -74,6 +94,36 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
             yield where, stripped, decode_message(stripped), None
         except DecodeError as exc:
             yield where, stripped, None, str(exc)
+
+
+def _csv(handle: BinaryIO, columns: CsvColumns) -> Iterator[Parsed]:
+    """Rows of a CSV file with a header; the mapped columns become a native event."""
+    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
+    reader = csv.DictReader(text)
+    header = reader.fieldnames or []
+    missing = [c for c in (columns.user, columns.event, columns.time) if c not in header]
+    if missing:
+        shown = ", ".join(header) or "none"
+        yield (
+            "line 1",
+            b"",
+            None,
+            (
+                f"the CSV has no column {missing[0]!r} (columns: {shown}); "
+                "map them with --user-col, --event-col and --time-col"
+            ),
+        )
+        return
+    for row in reader:
+        where = f"line {reader.line_num}"
+        raw = json.dumps(row).encode()
+        time = (row.get(columns.time) or "").strip()
+        message = {
+            "user": row.get(columns.user) or None,
+            "name": row.get(columns.event) or None,
+            "ts": int(time) if time.isdigit() else (time or None),
+        }
+        yield where, raw, message, None
 
 
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
@@ -109,3 +159,38 @@ def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
         )
     )
     handle.write("\n")
+
+
+class EventFileError(ValueError):
+    """An events file a tool cannot use as it is: the message names the line and the problem."""
+
+
+def read_sorted_events(
+    path: Path, fmt: FileFormat, columns: CsvColumns | None = None
+) -> list[Event]:
+    """Every event of `path`, which must parse and be sorted by time within each user.
+
+    Raises:
+        EventFileError: at the first unparseable or out-of-order line, naming it.
+    """
+    events: list[Event] = []
+    last: dict[str, tuple[int, str]] = {}
+    with path.open("rb") as handle:
+        for line in read_lines(handle, fmt, columns):
+            if line.ignored:
+                continue
+            if line.event is None:
+                msg = f"{path}: {line.error}"
+                raise EventFileError(msg)
+            event = line.event
+            previous = last.get(event.user)
+            if previous is not None and event.at < previous[0]:
+                msg = (
+                    f"{path}: {line.where}: user {event.user!r} at {event.at} comes after "
+                    f"their event at {previous[0]} ({previous[1]}); sort the file by time "
+                    "within each user"
+                )
+                raise EventFileError(msg)
+            last[event.user] = (event.at, line.where)
+            events.append(event)
+    return events
