@@ -111,12 +111,12 @@ def tune(
                 _signal_report(
                     signal,
                     intent.signals.get(signal),
-                    with_,
-                    hits,
-                    outcomes,
-                    len(episodes),
-                    strength,
-                    config.learning.lift,
+                    with_=with_,
+                    hits=hits,
+                    outcomes=outcomes,
+                    episodes=len(episodes),
+                    strength=strength,
+                    measure=config.learning.lift,
                 )
             )
         reports.append(report)
@@ -146,6 +146,7 @@ def _count(episodes: list[list[Event]], outcome: str) -> tuple[dict[str, tuple[i
 def _signal_report(
     name: str,
     declared: float | None,
+    *,
     with_: int,
     hits: int,
     outcomes: int,

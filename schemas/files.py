@@ -99,7 +99,13 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
 def _csv(handle: BinaryIO, columns: CsvColumns) -> Iterator[Parsed]:
     """Rows of a CSV file with a header; the mapped columns become a native event."""
     text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
-    reader = csv.DictReader(text)
+    try:
+        yield from _csv_rows(csv.DictReader(text), columns)
+    finally:
+        text.detach()  # the caller owns `handle`: the wrapper must not close it
+
+
+def _csv_rows(reader: csv.DictReader[str], columns: CsvColumns) -> Iterator[Parsed]:
     header = reader.fieldnames or []
     missing = [c for c in (columns.user, columns.event, columns.time) if c not in header]
     if missing:
@@ -115,15 +121,13 @@ def _csv(handle: BinaryIO, columns: CsvColumns) -> Iterator[Parsed]:
         )
         return
     for row in reader:
-        where = f"line {reader.line_num}"
-        raw = json.dumps(row).encode()
         time = (row.get(columns.time) or "").strip()
         message = {
             "user": row.get(columns.user) or None,
             "name": row.get(columns.event) or None,
             "ts": int(time) if time.isdigit() else (time or None),
         }
-        yield where, raw, message, None
+        yield f"line {reader.line_num}", json.dumps(row).encode(), message, None
 
 
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:

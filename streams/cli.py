@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,15 @@ from engine import END_OF_TIME, ConfigError, EngineConfig, EngineError, Event, R
 from schemas.config import load_config
 from schemas.events import DecodeError
 from schemas.events import _time as parse_time
-from schemas.files import FileFormat, file_format, read_lines, write_jsonl
+from schemas.files import (
+    CsvColumns,
+    EventFileError,
+    FileFormat,
+    file_format,
+    read_lines,
+    read_sorted_events,
+    write_jsonl,
+)
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, prediction_message
 from streams.progress import Progress
 
@@ -59,13 +68,15 @@ def _parser() -> argparse.ArgumentParser:
         "  cat events.jsonl | oracular replay - --config cfg.yaml | head",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    replay.add_argument("events", help="events file: JSON lines or a msgpack stream ('-': stdin)")
+    replay.add_argument(
+        "events", help="events file: JSON lines, a msgpack stream or CSV ('-': stdin)"
+    )
     replay.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
     replay.add_argument("--out", default="-", help="output JSONL file (default: stdout)")
     replay.add_argument(
         "--format",
-        choices=["jsonl", "msgpack"],
-        help="input format (default: from the suffix; .msgpack/.mpk or JSONL)",
+        choices=["jsonl", "msgpack", "csv"],
+        help="input format (default: from the suffix: .msgpack/.mpk, .csv, else JSONL)",
     )
     replay.add_argument(
         "--until",
@@ -74,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--states", help="also write each user's final state to this JSONL file")
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
+    _csv_arguments(replay)
     replay.set_defaults(run=run_replay)
 
     worker = commands.add_parser(
@@ -131,6 +143,52 @@ def _parser() -> argparse.ArgumentParser:
         help="which outputs (default predictions,episodes,dlq)",
     )
     tail.set_defaults(run=run_tail)
+
+    tune = commands.add_parser(
+        "tune",
+        help="suggest signal weights from history (declared and candidate signals)",
+        description="Cut the events into episodes with the config's rules and report, per "
+        "intent, each declared signal and each other event name seen in at least "
+        "--min-episodes episodes: episodes with/without it, raw lift, evidence "
+        "score, a 95%% Wilson interval and a suggested weight "
+        "(priorStrength × score).",
+        epilog="examples:\n  oracular tune events.jsonl --config examples/oracular.yaml\n"
+        "  oracular tune export.csv --config cfg.yaml --user-col user_id "
+        "--event-col event --time-col timestamp --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _analysis_arguments(tune)
+    tune.add_argument(
+        "--min-episodes",
+        type=int,
+        default=5,
+        help="candidates must be seen in at least this many episodes (5)",
+    )
+    tune.add_argument(
+        "--prior-strength",
+        type=float,
+        help="scale of suggested weights (default: the intent's largest |w0|)",
+    )
+    tune.set_defaults(run=run_tune)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="score the predictions a replay makes against what happened",
+        description="Replay the events; after each event, each intent's p is scored against "
+        "whether its outcome followed in the same episode (or within the "
+        "attribution window). Brier, log loss, ROC AUC, calibration (10 bins), "
+        "reveal precision/recall.",
+        epilog="examples:\n  oracular evaluate events.jsonl --config examples/oracular.yaml\n"
+        "  oracular evaluate events.jsonl --config cfg.yaml --plot calibration.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _analysis_arguments(evaluate)
+    evaluate.add_argument(
+        "--plot",
+        help="draw calibration and effective weights to a PNG "
+        "(needs matplotlib: pip install 'oracular-streams[plot]')",
+    )
+    evaluate.set_defaults(run=run_evaluate)
 
     check = commands.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("config")
@@ -278,6 +336,90 @@ def run_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--user-col", default="user", help="CSV: the user id column (user)")
+    parser.add_argument("--event-col", default="event", help="CSV: the event name column (event)")
+    parser.add_argument(
+        "--time-col", default="time", help="CSV: the time column, epoch ms or ISO-8601 (time)"
+    )
+
+
+def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("events", help="events file: JSONL, msgpack, or CSV (sorted per user)")
+    parser.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
+    parser.add_argument(
+        "--format",
+        choices=["jsonl", "msgpack", "csv"],
+        help="input format (default: from the suffix)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _csv_arguments(parser)
+
+
+def _columns(args: argparse.Namespace) -> CsvColumns:
+    return CsvColumns(user=args.user_col, event=args.event_col, time=args.time_col)
+
+
+def _sorted_events(args: argparse.Namespace) -> list[Event] | None:
+    path = Path(args.events)
+    if not path.is_file():
+        print(f"oracular: no such events file {path}", file=sys.stderr)
+        return None
+    try:
+        return read_sorted_events(path, file_format(path, args.format), _columns(args))
+    except EventFileError as exc:
+        print(f"oracular: {exc}", file=sys.stderr)
+        return None
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """`oracular tune`: suggested weights from history."""
+    from engine.tune import format_report, report_to_dict, tune
+
+    config = load_config(args.config)
+    events = _sorted_events(args)
+    if events is None:
+        return EXIT_USAGE
+    reports = tune(
+        config, events, min_episodes=args.min_episodes, prior_strength=args.prior_strength
+    )
+    if args.json:
+        print(json.dumps([report_to_dict(r) for r in reports], indent=2))
+    else:
+        print("\n\n".join(format_report(r) for r in reports))
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """`oracular evaluate`: score a replay's predictions."""
+    import dataclasses
+
+    from engine.evaluate import evaluate, format_scores
+
+    config = load_config(args.config)
+    events = _sorted_events(args)
+    if events is None:
+        return EXIT_USAGE
+    result = evaluate(config, events)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in result.scores], indent=2))
+    else:
+        print(format_scores(result))
+    if args.plot:
+        from streams.plots import plot_evaluation
+
+        try:
+            plot_evaluation(result, args.plot)
+        except ImportError:
+            print(
+                "oracular evaluate: --plot needs matplotlib: pip install 'oracular-streams[plot]'",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
 def run_check_config(args: argparse.Namespace) -> int:
     """Validate a config; print its intents or every problem."""
     config = load_config(args.config)
@@ -310,7 +452,7 @@ def run_replay(args: argparse.Namespace) -> int:
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
     run = ReplayRun(config, out, str(source), Progress("replay", total, enabled=not args.quiet))
     try:
-        run.feed(handle, file_format(source, args.format))
+        run.feed(handle, file_format(source, args.format), _columns(args))
         run.finish(until)
     finally:
         if out is not sys.stdout:
@@ -337,9 +479,9 @@ class ReplayRun:
             ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0
         )
 
-    def feed(self, handle: BinaryIO, fmt: FileFormat) -> None:
+    def feed(self, handle: BinaryIO, fmt: FileFormat, columns: CsvColumns) -> None:
         """Apply every message of the file; bad ones are dead-lettered with the reason."""
-        for line in read_lines(handle, fmt):
+        for line in read_lines(handle, fmt, columns):
             self.progress.advance(handle.tell() if handle.seekable() else 0)
             if line.ignored:
                 self.counts["ignored"] += 1
