@@ -116,8 +116,12 @@ async def ensure_topics_async(
     *,
     replication: int = 1,
     client: Mapping[str, Any] | None = None,
+    exact: Iterable[str] | None = None,
 ) -> list[TopicResult]:
     """Create missing topics and report every topic's partitions.
+
+    `exact` names the topics whose partition count must be the declared one (default: all).
+    The worker passes its input and ticks topics: outputs may have any count.
 
     Raises:
         BrokerError: the broker did not answer, refused, or an existing topic has a different
@@ -138,7 +142,10 @@ async def ensure_topics_async(
     finally:
         await admin.close()
     results = [TopicResult(s.name, s.partitions, counts[s.name], s.name in created) for s in specs]
-    mismatched = [r for r in results if not r.matches]
+    must_match = None if exact is None else set(exact)
+    mismatched = [
+        r for r in results if not r.matches and (must_match is None or r.name in must_match)
+    ]
     if mismatched:
         lines = "; ".join(f"{r.name} has {r.actual}, wanted {r.wanted}" for r in mismatched)
         msg = (
@@ -205,3 +212,30 @@ async def check_topics_async(
             "topic or setting ORACULAR_PARTITIONS to the existing count."
         )
         raise BrokerError(msg)
+
+
+async def prepare_deployment(settings: Any, *, create: bool = True) -> None:
+    """What every worker run checks first: a broker answers, and the product topics exist.
+
+    Missing topics are created (`create=False`: only checked). The input and ticks topics must
+    have the configured partition count (Faust co-partitions them with the state table);
+    output topics may have any.
+
+    Raises:
+        BrokerError: saying what is wrong and how to fix it.
+    """
+    client = settings.client_kwargs()
+    if not await probe_async(settings.broker, client=client):
+        raise BrokerError(no_broker_message(settings.broker))
+    specs = list(settings.topics)
+    if not create:
+        await check_topics_async(settings.broker, specs, client=client)
+        return
+    topics = settings.topics
+    await ensure_topics_async(
+        settings.broker,
+        specs,
+        replication=settings.replication_factor,
+        client=client,
+        exact=(topics.events.name, topics.ticks.name),
+    )

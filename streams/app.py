@@ -21,7 +21,8 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -81,8 +82,31 @@ class FaustTable(Table):
             self.table[key] = value
 
 
-def create_app(settings: Settings, config: EngineConfig) -> faust.App:
-    """Build the worker's Faust app for `settings` and the engine `config`."""
+@dataclass
+class Backfill:
+    """A bounded run: from `start` up to (not including) `stop` offsets, then `done()`."""
+
+    start: dict[int, int]
+    """Partition -> the first offset to apply."""
+    stop: dict[int, int]
+    """Partition -> the end offset captured when the backfill started."""
+    done: Callable[[], None]
+    """Called once every partition is handled up to `stop` and has had a tick after that
+    (so the episodes due by then are closed)."""
+    finished: set[int] = field(default_factory=set)
+    """Partitions handled up to `stop` that have had a tick since."""
+    reached: bool = False
+    """`done()` was called."""
+
+
+def create_app(
+    settings: Settings, config: EngineConfig, backfill: Backfill | None = None
+) -> faust.App:
+    """Build the worker's Faust app for `settings` and the engine `config`.
+
+    With `backfill`, inputs at or past its stop offsets are not applied and `backfill.done`
+    is called when the end is reached.
+    """
     settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
     topics = settings.topics
     partitions = topics.events.partitions
@@ -138,8 +162,9 @@ def create_app(settings: Settings, config: EngineConfig) -> faust.App:
         ticks_topic=topics.ticks.name,
         grace_ms=settings.grace_ms,
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
+        stop_offsets=None if backfill is None else backfill.stop,
     )
-    runtime = _Runtime(app, processor, FaustTable(table), outputs, settings)
+    runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order, and Faust bug #606
@@ -183,9 +208,12 @@ class _Runtime:
         table: FaustTable,
         outputs: dict[str, Any],
         settings: Settings,
+        *,
+        backfill: Backfill | None = None,
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
         self.outputs, self.settings = outputs, settings
+        self.backfill = backfill
         self.events_topic = settings.topics.events.name
         self.started = time.monotonic()
         self._last_summary = (self.started, 0)
@@ -199,9 +227,29 @@ class _Runtime:
         await self.app.producer.flush()  # outputs delivered before the states that record them
         for key, value, context in batch.writes():
             self.table.set(key, value, context)
+        if self.backfill is not None:
+            self._backfill_progress(messages)
+
+    def _backfill_progress(self, messages: list[InMessage]) -> None:
+        backfill = self.backfill
+        assert backfill is not None
+        ticks = self.settings.topics.ticks.name
+        for message in messages:
+            if message.topic == ticks and self.caught_up(message.partition):
+                backfill.finished.add(message.partition)
+        if not backfill.reached and backfill.finished >= backfill.stop.keys():
+            backfill.reached = True
+            backfill.done()
 
     def caught_up(self, partition: int) -> bool:
-        """True when every input message of `partition` up to its high-water mark is handled."""
+        """True when every input message of `partition` up to its high-water mark is handled.
+
+        In a backfill the mark is the end offset captured at its start.
+        """
+        if self.backfill is not None:
+            first = self.backfill.start.get(partition, 0)
+            reached = self.processor.next_offset.get(partition, first)
+            return reached >= self.backfill.stop.get(partition, 0)
         tp = TP(self.events_topic, partition)
         consumer = self.app.consumer
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -119,12 +119,15 @@ class Processor:
         ticks_topic: str,
         grace_ms: int,
         output_format: Format = "msgpack",
+        stop_offsets: Mapping[int, int] | None = None,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown."""
         self.config = config
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
         self.grace_ms = grace_ms
         self.output_format: Format = output_format
+        self.stop_offsets = stop_offsets
+        """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
         self.event_time: dict[int, int] = {}
         """Partition -> the largest event time applied on it (its event-time watermark)."""
@@ -146,9 +149,15 @@ class Processor:
         for message in messages:
             if message.topic == self.ticks_topic:
                 self.on_tick(batch, message, caught_up(message.partition), wall_ms())
+            elif self._beyond_end(message):
+                self.counts["beyond_end"] += 1
             else:
                 self.on_input(batch, message)
                 self.next_offset[message.partition] = message.offset + 1
+
+    def _beyond_end(self, message: InMessage) -> bool:
+        stop = self.stop_offsets
+        return stop is not None and message.offset >= stop.get(message.partition, 0)
 
     def on_input(self, batch: Batch, message: InMessage) -> None:
         """Decode, check, deduplicate and apply one input message."""

@@ -1,0 +1,59 @@
+"""What the `oracular` subcommands share: exit codes, flags, settings, input options."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from engine import ConfigError
+from schemas.files import CsvColumns
+
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker is not there or refused
+
+WORKER_FLAGS = [
+    ("--broker", "ORACULAR_BROKER", "bootstrap servers host:port[,host:port]"),
+    ("--app-id", "ORACULAR_APP_ID", "Faust app id: consumer group and internal topic prefix"),
+    ("--datadir", "ORACULAR_DATADIR", "RocksDB state directory (default var/faust/APP_ID)"),
+    ("--partitions", "ORACULAR_PARTITIONS", "partitions of every product topic (default 8)"),
+    ("--topic-prefix", "ORACULAR_TOPIC_PREFIX", "topic names <prefix>.events etc."),
+    ("--tick-interval", "ORACULAR_TICK_INTERVAL_S", "seconds between timer ticks (default 1)"),
+    ("--grace-ms", "ORACULAR_GRACE_MS", "wall-clock grace for in-flight events (10000)"),
+    ("--output-format", "ORACULAR_OUTPUT_FORMAT", "msgpack (default) or json"),
+    ("--web-port", "ORACULAR_WEB_PORT", "serve Faust's web views on this port"),
+]
+
+
+def apply_worker_flags(args: argparse.Namespace) -> None:
+    """Put the worker flags given (and --config) into the ORACULAR_* environment."""
+    if getattr(args, "config", None):
+        os.environ["ORACULAR_CONFIG"] = args.config
+    for _, var, _ in WORKER_FLAGS:
+        if getattr(args, var, None) is not None:
+            os.environ[var] = getattr(args, var)
+
+
+def kafka_settings(args: argparse.Namespace) -> Any:
+    """Settings from the environment, with --broker applied."""
+    from streams.settings import SettingsError, settings_from_env
+
+    if getattr(args, "broker", None):
+        os.environ["ORACULAR_BROKER"] = args.broker
+    try:
+        return settings_from_env()
+    except SettingsError as exc:
+        raise ConfigError([("settings", str(exc))]) from exc
+
+
+def csv_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--user-col", default="user", help="CSV: the user id column (user)")
+    parser.add_argument("--event-col", default="event", help="CSV: the event name column (event)")
+    parser.add_argument(
+        "--time-col", default="time", help="CSV: the time column, epoch ms or ISO-8601 (time)"
+    )
+
+
+def columns(args: argparse.Namespace) -> CsvColumns:
+    """The CSV column mapping of --user-col/--event-col/--time-col."""
+    return CsvColumns(user=args.user_col, event=args.event_col, time=args.time_col)

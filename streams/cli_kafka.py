@@ -1,0 +1,380 @@
+"""Subcommands that talk to Kafka: worker, backfill, produce, tail, reset.
+
+Each imports Faust and aiokafka only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from schemas.config import load_config
+from schemas.events import DecodeError
+from schemas.events import _time as parse_time
+from streams.cli_common import (
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    WORKER_FLAGS,
+    apply_worker_flags,
+    kafka_settings,
+)
+from streams.progress import Progress
+
+
+def register(commands: Any) -> None:
+    """Add the Kafka subcommands."""
+    for add in (_add_worker, _add_backfill, _add_produce, _add_tail, _add_reset):
+        add(commands)
+
+
+def _add_worker(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="run the stream processor (a Faust worker) against Kafka",
+        description="Consume oracular.events, keep each user's engine state in RocksDB, close "
+        "idle episodes on a timer, and publish predictions and closed episodes. "
+        "Every flag has an ORACULAR_* environment variable (docs/operations.md).",
+        epilog="examples:\n"
+        "  oracular worker --config examples/oracular.yaml\n"
+        "  oracular worker --config cfg.yaml --broker kafka-1:9092 --app-id oracular-prod\n"
+        "  ORACULAR_PARTITIONS=16 oracular worker --config cfg.yaml --datadir /data/w1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    worker.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
+    for flag, var, what in WORKER_FLAGS:
+        worker.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
+    worker.add_argument("--loglevel", default="info", help="Faust log level (default info)")
+    worker.add_argument(
+        "--no-create-topics",
+        action="store_true",
+        help="fail instead of creating missing product topics",
+    )
+    worker.set_defaults(run=run_worker)
+
+
+def _add_backfill(commands: Any) -> None:
+    backfill = commands.add_parser(
+        "backfill",
+        help="run the processor over the input topic's history under a fresh app id, then exit",
+        description="Run the stream processor over the input topic from the beginning (or "
+        "--since) up to the end offsets captured at start, under a fresh app id, "
+        "then exit with a summary. Event time drives it as in a live worker: "
+        "nothing closes early while catching up.",
+        epilog="examples:\n"
+        "  oracular backfill --config examples/oracular.yaml\n"
+        "  oracular backfill --config cfg.yaml --since 2026-01-01T00:00:00Z "
+        "--output-suffix .backfill",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    backfill.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
+    for flag, var, what in WORKER_FLAGS:
+        if var != "ORACULAR_APP_ID":
+            backfill.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
+    backfill.add_argument(
+        "--app-id",
+        dest="ORACULAR_APP_ID",
+        metavar="APP_ID",
+        help="a fresh app id (default: <app id>-backfill-<UTC time>)",
+    )
+    backfill.add_argument(
+        "--since", help="start at this time (epoch ms or ISO-8601) instead of the beginning"
+    )
+    backfill.add_argument(
+        "--output-suffix",
+        default="",
+        help="publish to <output topic><suffix> instead of the normal outputs",
+    )
+    backfill.add_argument("--loglevel", default="warning", help="Faust log level (warning)")
+    backfill.set_defaults(run=run_backfill)
+
+
+def _add_produce(commands: Any) -> None:
+    produce = commands.add_parser(
+        "produce",
+        help="send an events file to the input topic (msgpack, keyed by user)",
+        epilog="example:\n  oracular produce examples/clickstream.jsonl --now",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    produce.add_argument("events", help="JSON lines or a msgpack stream of native/Segment events")
+    produce.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    produce.add_argument(
+        "--now",
+        action="store_true",
+        help="shift times so the last event happens now (live timeouts)",
+    )
+    produce.add_argument("--quiet", action="store_true")
+    produce.set_defaults(run=run_produce)
+
+
+def _add_tail(commands: Any) -> None:
+    tail = commands.add_parser(
+        "tail",
+        help="print predictions, closed episodes and dead letters as they arrive",
+        epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tail.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    tail.add_argument("--from-beginning", action="store_true")
+    tail.add_argument("--max", type=int, help="stop after this many messages")
+    tail.add_argument("--idle", type=float, help="stop after this many seconds without messages")
+    tail.add_argument(
+        "--topics",
+        default="predictions,episodes,dlq",
+        help="which outputs (default predictions,episodes,dlq)",
+    )
+    tail.set_defaults(run=run_tail)
+
+
+def _add_reset(commands: Any) -> None:
+    reset = commands.add_parser(
+        "reset",
+        help="delete an app id's internal topics, consumer offsets and local state",
+        description="Like Kafka Streams' application reset tool: delete the app id's changelog "
+        "and internal topics (<app id>-...), its consumer group (committed "
+        "offsets) and its local state directory. Input and output topics are kept. "
+        "Refuses while the group has active members.",
+        epilog="examples:\n  oracular reset oracular --dry-run\n"
+        "  oracular reset oracular-backfill-20260101 --datadir /data/w1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    reset.add_argument("app_id")
+    reset.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    reset.add_argument("--datadir", help="the app's local state (default var/faust/APP_ID)")
+    reset.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    reset.set_defaults(run=run_reset)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """`oracular worker`: check the broker and topics, then run the Faust worker."""
+    import asyncio
+
+    from streams.admin import BrokerError, prepare_deployment
+    from streams.settings import SettingsError, settings_from_env
+
+    apply_worker_flags(args)
+    try:
+        settings = settings_from_env()
+    except SettingsError as exc:
+        print(f"oracular worker: bad settings:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config(settings.config_path)
+    try:
+        asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
+    except BrokerError as exc:
+        print(f"oracular worker: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    import faust
+
+    from streams.app import create_app
+
+    app = create_app(settings, config)
+    worker = faust.Worker(app, loglevel=args.loglevel)
+    worker.execute_from_commandline()
+    return 0
+
+
+def run_backfill(args: argparse.Namespace) -> int:
+    """`oracular backfill`: a bounded worker run under a fresh app id."""
+    import os
+    import signal
+    import time
+
+    import faust
+
+    from streams.admin import BrokerError
+    from streams.app import Backfill, create_app
+
+    try:
+        settings, since = _backfill_settings(args)
+    except ValueError as exc:
+        print(f"oracular backfill: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config(settings.config_path)
+    try:
+        span = _prepare_backfill(settings, since)
+    except BrokerError as exc:
+        print(f"oracular backfill: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    started = time.monotonic()
+    plan = Backfill(
+        dict(span.start), dict(span.stop), done=lambda: os.kill(os.getpid(), signal.SIGTERM)
+    )  # a graceful shutdown
+    app = create_app(settings, config, backfill=plan)
+    with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
+        faust.Worker(app, loglevel=args.loglevel).execute_from_commandline()
+    counts = app.oracular.processor.counts  # type: ignore[attr-defined]
+    elapsed = time.monotonic() - started
+    handled = sum(counts[k] for k in ("applied", "duplicates", "dead_lettered", "ignored"))
+    summary = ", ".join(
+        f"{k} {counts[k]:,}"
+        for k in (
+            "applied",
+            "duplicates",
+            "dead_lettered",
+            "ignored",
+            "late",
+            "predictions",
+            "episodes",
+        )
+    )
+    status = "complete" if plan.reached else "INTERRUPTED before the end"
+    print(
+        f"backfill {settings.app_id} {status}: {summary} in {elapsed:.1f} s "
+        f"({handled / max(elapsed, 1e-9):,.0f} messages/s)",
+        file=sys.stderr,
+    )
+    return 0 if plan.reached else 1
+
+
+def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """Settings with a fresh app id and suffixed outputs, and the --since time."""
+    import os
+    import time
+
+    from streams.settings import SettingsError, settings_from_env
+
+    if args.ORACULAR_APP_ID is None:
+        base = os.environ.get("ORACULAR_APP_ID", "oracular")
+        args.ORACULAR_APP_ID = f"{base}-backfill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+    apply_worker_flags(args)
+    try:
+        if args.output_suffix:
+            topics = settings_from_env().topics
+            for role, spec in (
+                ("PREDICTIONS", topics.predictions),
+                ("EPISODES", topics.episodes),
+                ("DLQ", topics.dlq),
+            ):
+                os.environ[f"ORACULAR_TOPIC_{role}"] = spec.name + args.output_suffix
+        settings = settings_from_env()
+    except SettingsError as exc:
+        msg = f"bad settings:\n{exc}"
+        raise ValueError(msg) from exc
+    if args.since is None:
+        return settings, None
+    try:
+        since = parse_time(int(args.since) if args.since.isdigit() else args.since, "--since", None)
+    except DecodeError as exc:
+        raise ValueError(str(exc)) from exc
+    return settings, since
+
+
+def _prepare_backfill(settings: Any, since: int | None) -> Any:
+    """Check the broker and the app id, capture the range, create outputs, commit --since."""
+    from streams.admin import prepare_deployment
+    from streams.backfill import capture_range, check_fresh, commit_start
+    from streams.kafkatools import run
+
+    client = settings.client_kwargs()
+    events = settings.topics.events.name
+    run(prepare_deployment(settings))
+    run(check_fresh(settings.broker, settings.app_id, client))
+    span = run(capture_range(settings.broker, events, since, client))
+    if since is not None:
+        run(commit_start(settings.broker, settings.app_id, events, span.start, client))
+    print(
+        f"backfill {settings.app_id}: {span.total:,} messages of {events} "
+        f"(start {span.start}, end {span.stop}); outputs to "
+        f"{settings.topics.predictions.name} and {settings.topics.episodes.name}",
+        file=sys.stderr,
+    )
+    return span
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    """`oracular produce`: an events file onto the input topic."""
+    import time
+
+    from streams.kafkatools import produce_file, run
+
+    settings = kafka_settings(args)
+    path = Path(args.events)
+    if not path.is_file():
+        print(f"oracular produce: no such file {path}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = Progress("produce", enabled=not args.quiet)
+    now = int(time.time() * 1000) if args.now else None
+    result = run(
+        produce_file(
+            settings.broker,
+            settings.topics.events.name,
+            path,
+            now_ms=now,
+            client=settings.client_kwargs(),
+            progress=progress,
+        )
+    )
+    progress.close()
+    if result is not None and not args.quiet:
+        sent, skipped = result
+        print(
+            f"produce: {sent:,} events to {settings.topics.events.name} on {settings.broker}"
+            f" ({skipped} skipped)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_tail(args: argparse.Namespace) -> int:
+    """`oracular tail`: print output messages as JSON lines."""
+    from streams.kafkatools import run, tail_topics
+
+    settings = kafka_settings(args)
+    names = {
+        "predictions": settings.topics.predictions.name,
+        "episodes": settings.topics.episodes.name,
+        "dlq": settings.topics.dlq.name,
+    }
+    wanted = [w.strip() for w in args.topics.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        print(
+            f"oracular tail: unknown output {unknown[0]!r}; use predictions, episodes, dlq",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    run(
+        tail_topics(
+            settings.broker,
+            [names[w] for w in wanted],
+            from_beginning=args.from_beginning,
+            limit=args.max,
+            idle_s=args.idle,
+            out=sys.stdout,
+            client=settings.client_kwargs(),
+        )
+    )
+    return 0
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    """`oracular reset APP_ID`."""
+    from streams.admin import BrokerError
+    from streams.kafkatools import run
+    from streams.reset import execute_reset, plan_reset
+
+    settings = kafka_settings(args)
+    datadir = Path(args.datadir) if args.datadir else Path("var") / "faust" / args.app_id
+    client = settings.client_kwargs()
+    try:
+        plan = run(plan_reset(settings.broker, args.app_id, datadir, client))
+        print(plan.describe())
+        if plan.members:
+            print(
+                f"oracular reset: refused: the consumer group {args.app_id!r} has "
+                f"{plan.members} active member(s); stop its workers first",
+                file=sys.stderr,
+            )
+            return 1
+        if args.dry_run:
+            print("dry run: nothing deleted")
+            return 0
+        run(execute_reset(settings.broker, plan, client))
+    except BrokerError as exc:
+        print(f"oracular reset: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print("deleted")
+    return 0

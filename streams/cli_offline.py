@@ -1,0 +1,303 @@
+"""Offline subcommands: replay, tune, evaluate, check-config (no Kafka, no Faust)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+from engine import END_OF_TIME, EngineConfig, EngineError, Event, Replayer, serialize
+from schemas.config import load_config
+from schemas.events import DecodeError
+from schemas.events import _time as parse_time
+from schemas.files import (
+    CsvColumns,
+    EventFileError,
+    FileFormat,
+    file_format,
+    read_lines,
+    read_sorted_events,
+    write_jsonl,
+)
+from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, prediction_message
+from streams.cli_common import EXIT_USAGE, columns, csv_arguments
+from streams.progress import Progress
+
+
+def register(commands: Any) -> None:
+    """Add the offline subcommands."""
+    for add in (_add_replay, _add_tune, _add_evaluate, _add_check):
+        add(commands)
+
+
+def _add_replay(commands: Any) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="replay an events file offline (no Kafka) and write the outputs as JSON lines",
+        description="Replay events through one engine state per user, exactly as the stream "
+        "processor would, and write predictions, closed episodes and dead letters "
+        "as JSON lines with a 'topic' field.",
+        epilog="examples:\n"
+        "  oracular replay events.jsonl --config examples/oracular.yaml --out out.jsonl\n"
+        "  oracular replay events.msgpack --config cfg.yaml --until 2026-02-01T00:00:00Z\n"
+        "  cat events.jsonl | oracular replay - --config cfg.yaml | head",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_argument(
+        "events", help="events file: JSON lines, a msgpack stream or CSV ('-': stdin)"
+    )
+    replay.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
+    replay.add_argument("--out", default="-", help="output JSONL file (default: stdout)")
+    replay.add_argument(
+        "--format",
+        choices=["jsonl", "msgpack", "csv"],
+        help="input format (default: from the suffix: .msgpack/.mpk, .csv, else JSONL)",
+    )
+    replay.add_argument(
+        "--until",
+        help="final watermark, epoch ms or ISO-8601: episodes due "
+        "by then are closed (default: the end of time)",
+    )
+    replay.add_argument("--states", help="also write each user's final state to this JSONL file")
+    replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
+    csv_arguments(replay)
+    replay.set_defaults(run=run_replay)
+
+
+def _add_tune(commands: Any) -> None:
+    tune = commands.add_parser(
+        "tune",
+        help="suggest signal weights from history (declared and candidate signals)",
+        description="Cut the events into episodes with the config's rules and report, per "
+        "intent, each declared signal and each other event name seen in at least "
+        "--min-episodes episodes: episodes with/without it, raw lift, evidence "
+        "score, a 95%% Wilson interval and a suggested weight "
+        "(priorStrength × score).",
+        epilog="examples:\n  oracular tune events.jsonl --config examples/oracular.yaml\n"
+        "  oracular tune export.csv --config cfg.yaml --user-col user_id "
+        "--event-col event --time-col timestamp --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _analysis_arguments(tune)
+    tune.add_argument(
+        "--min-episodes",
+        type=int,
+        default=5,
+        help="candidates must be seen in at least this many episodes (5)",
+    )
+    tune.add_argument(
+        "--prior-strength",
+        type=float,
+        help="scale of suggested weights (default: the intent's largest |w0|)",
+    )
+    tune.set_defaults(run=run_tune)
+
+
+def _add_evaluate(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="score the predictions a replay makes against what happened",
+        description="Replay the events; after each event, each intent's p is scored against "
+        "whether its outcome followed in the same episode (or within the "
+        "attribution window). Brier, log loss, ROC AUC, calibration (10 bins), "
+        "reveal precision/recall.",
+        epilog="examples:\n  oracular evaluate events.jsonl --config examples/oracular.yaml\n"
+        "  oracular evaluate events.jsonl --config cfg.yaml --plot calibration.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _analysis_arguments(evaluate)
+    evaluate.add_argument(
+        "--plot",
+        help="draw calibration and effective weights to a PNG "
+        "(needs matplotlib: pip install 'oracular-streams[plot]')",
+    )
+    evaluate.set_defaults(run=run_evaluate)
+
+
+def _add_check(commands: Any) -> None:
+    check = commands.add_parser("check-config", help="validate a config file and summarise it")
+    check.add_argument("config")
+    check.set_defaults(run=run_check_config)
+
+
+def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("events", help="events file: JSONL, msgpack, or CSV (sorted per user)")
+    parser.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
+    parser.add_argument(
+        "--format",
+        choices=["jsonl", "msgpack", "csv"],
+        help="input format (default: from the suffix)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    csv_arguments(parser)
+
+
+def _sorted_events(args: argparse.Namespace) -> list[Event] | None:
+    path = Path(args.events)
+    if not path.is_file():
+        print(f"oracular: no such events file {path}", file=sys.stderr)
+        return None
+    try:
+        return read_sorted_events(path, file_format(path, args.format), columns(args))
+    except EventFileError as exc:
+        print(f"oracular: {exc}", file=sys.stderr)
+        return None
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """`oracular replay`: events file -> outputs, no Kafka."""
+    config = load_config(args.config)
+    until = END_OF_TIME
+    if args.until is not None:
+        try:
+            until = parse_time(
+                int(args.until) if args.until.isdigit() else args.until, "--until", None
+            )
+        except DecodeError as exc:
+            print(f"oracular replay: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    source = Path(args.events)
+    try:
+        handle = sys.stdin.buffer if args.events == "-" else source.open("rb")
+    except OSError as exc:
+        print(f"oracular replay: cannot read {source}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    total = None if args.events == "-" else source.stat().st_size
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+    run = ReplayRun(config, out, str(source), Progress("replay", total, enabled=not args.quiet))
+    try:
+        run.feed(handle, file_format(source, args.format), columns(args))
+        run.finish(until)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if handle is not sys.stdin.buffer:
+            handle.close()
+    run.progress.close()
+    if args.states:
+        _write_states(run.replayer, args.states)
+    if not args.quiet:
+        summary = ", ".join(f"{k} {v:,}" for k, v in run.counts.items())
+        print(f"replay: {summary}, users {len(run.replayer.states):,}", file=sys.stderr)
+    return 0
+
+
+class ReplayRun:
+    """One replay: feeds file lines to a Replayer and writes every output as a JSON line."""
+
+    def __init__(self, config: EngineConfig, out: TextIO, source: str, progress: Progress) -> None:
+        """Write to `out`; `source` names the input in dead-letter records."""
+        self.replayer = Replayer(config)
+        self.out, self.source, self.progress = out, source, progress
+        self.counts = dict.fromkeys(
+            ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0
+        )
+
+    def feed(self, handle: BinaryIO, fmt: FileFormat, columns: CsvColumns) -> None:
+        """Apply every message of the file; bad ones are dead-lettered with the reason."""
+        for line in read_lines(handle, fmt, columns):
+            self.progress.advance(handle.tell() if handle.seekable() else 0)
+            if line.ignored:
+                self.counts["ignored"] += 1
+            elif line.event is None:
+                self.dead_letter(line.error or "undecodable", line.index, line.raw)
+            else:
+                self.apply(line.event, line.index, line.raw)
+
+    def apply(self, event: Event, index: int, raw: bytes) -> None:
+        """Apply one event and write its closed episode and changed predictions."""
+        try:
+            step = self.replayer.feed(event)
+        except (EngineError, ValueError) as exc:
+            self.dead_letter(str(exc), index, raw)
+            return
+        self.counts["applied"] += 1
+        self.counts["late"] += step.late
+        if step.closed is not None:
+            self.write(episode_message(event.user, step.closed), EPISODES, "episodes")
+        message = prediction_message(event.user, step, index)
+        if message is not None:
+            self.write(message, PREDICTIONS, "predictions")
+
+    def finish(self, until: int) -> None:
+        """Close the episodes due by the final watermark."""
+        for user, closed in self.replayer.close_due(until):
+            self.write(episode_message(user, closed), EPISODES, "episodes")
+
+    def dead_letter(self, error: str, index: int, raw: bytes) -> None:
+        """Write a DLQ record: the reason, the file and message index, the original bytes."""
+        record = {"error": error, "source": self.source, "offset": index, "value": raw}
+        self.write(record, DLQ, "dead-lettered")
+
+    def write(self, message: dict[str, Any], topic: str, counter: str) -> None:
+        """Write one output line and count it."""
+        write_jsonl(self.out, message, topic)
+        self.counts[counter] += 1
+
+
+def _write_states(replayer: Replayer, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for user, state in replayer.states.items():
+            blob = base64.b64encode(serialize(state, include_config=False)).decode()
+            write_jsonl(handle, {"user": user, "state": blob}, "states")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """`oracular tune`: suggested weights from history."""
+    from engine.tune import format_report, report_to_dict, tune
+
+    config = load_config(args.config)
+    events = _sorted_events(args)
+    if events is None:
+        return EXIT_USAGE
+    reports = tune(
+        config, events, min_episodes=args.min_episodes, prior_strength=args.prior_strength
+    )
+    if args.json:
+        print(json.dumps([report_to_dict(r) for r in reports], indent=2))
+    else:
+        print("\n\n".join(format_report(r) for r in reports))
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """`oracular evaluate`: score a replay's predictions."""
+    import dataclasses
+
+    from engine.evaluate import evaluate, format_scores
+
+    config = load_config(args.config)
+    events = _sorted_events(args)
+    if events is None:
+        return EXIT_USAGE
+    result = evaluate(config, events)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in result.scores], indent=2))
+    else:
+        print(format_scores(result))
+    if args.plot:
+        from streams.plots import plot_evaluation
+
+        try:
+            plot_evaluation(result, args.plot)
+        except ImportError:
+            print(
+                "oracular evaluate: --plot needs matplotlib: pip install 'oracular-streams[plot]'",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    """Validate a config; print its intents or every problem."""
+    config = load_config(args.config)
+    for name, intent in config.intents.items():
+        outcome = intent.outcome or "(none: never learns)"
+        print(f"{name}: {len(intent.signals)} signals, outcome {outcome}")
+    print(f"{args.config}: OK")
+    return 0
