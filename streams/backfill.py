@@ -89,6 +89,7 @@ async def commit_start(
     try:
         with quiet_aiokafka():
             await consumer.start()
+        consumer.assign([TopicPartition(topic, p) for p in start])  # commit needs an assignment
         await consumer.commit(
             {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in start.items()}
         )

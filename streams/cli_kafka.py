@@ -80,7 +80,9 @@ def _add_backfill(commands: Any) -> None:
         help="a fresh app id (default: <app id>-backfill-<UTC time>)",
     )
     backfill.add_argument(
-        "--since", help="start at this time (epoch ms or ISO-8601) instead of the beginning"
+        "--since",
+        help="start at the first record whose Kafka timestamp is at or after this time "
+        "(epoch ms or ISO-8601) instead of the beginning",
     )
     backfill.add_argument(
         "--output-suffix",

@@ -52,7 +52,13 @@ async def produce_file(
             for field in ("name", "intent", "id"):
                 if getattr(event, field) is not None:
                     message[field] = getattr(event, field)
-            await producer.send(topic, msgpack.packb(message), key=event.user.encode())
+            # The record timestamp is the event time, so `backfill --since` finds it.
+            await producer.send(
+                topic,
+                msgpack.packb(message),
+                key=event.user.encode(),
+                timestamp_ms=event.at + shift,
+            )
             if progress is not None:
                 progress.advance(n)
         await producer.flush()

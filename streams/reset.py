@@ -8,13 +8,16 @@ output topics are not touched.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from streams.admin import BrokerError, quiet_aiokafka
@@ -54,7 +57,7 @@ async def plan_reset(
         with quiet_aiokafka():
             await admin.start()
         topics = sorted(t for t in await admin.list_topics() if t.startswith(f"{app_id}-"))
-        [described] = await admin.describe_consumer_groups([app_id])
+        described = await _describe_group(admin, app_id)
     except Exception as exc:
         msg = f"could not inspect app id {app_id!r} on {bootstrap}: {exc!r}. Is the broker up?"
         raise BrokerError(msg) from exc
@@ -70,6 +73,23 @@ async def plan_reset(
         len(members) if known else 0,
         datadir if datadir.exists() else None,
     )
+
+
+COORDINATOR_WAIT_S = 20.0
+"""A fresh broker creates its offsets topic on the first group request: wait for it."""
+
+
+async def _describe_group(admin: Any, group: str) -> Any:
+    deadline = time.monotonic() + COORDINATOR_WAIT_S
+    while True:
+        try:
+            [described] = await admin.describe_consumer_groups([group])
+        except GroupCoordinatorNotAvailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+        else:
+            return described
 
 
 async def execute_reset(

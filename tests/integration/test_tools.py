@@ -1,0 +1,228 @@
+"""`oracular backfill` and `oracular reset` against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bench.synthetic import clickstream
+from engine import END_OF_TIME, replay
+from infra.broker import REPO_ROOT
+from schemas.config import load_config
+from schemas.outputs import decode_output, episode_message, prediction_message
+from streams.admin import ensure_topics_async
+from streams.topics import product_topics
+
+pytestmark = pytest.mark.integration
+
+CONFIG = REPO_ROOT / "examples" / "oracular.yaml"
+PARTITIONS = 4
+BACKFILL_TIMEOUT_S = 180.0  # start Faust, join, create the changelog, drain, tick, stop: 2 cores
+OUTPUTS_TIMEOUT_S = 30.0  # the backfill has exited: its outputs are on the broker already
+
+
+def _env(kafka: str, prefix: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "ORACULAR_BROKER": kafka,
+        "ORACULAR_TOPIC_PREFIX": prefix,
+        "ORACULAR_PARTITIONS": str(PARTITIONS),
+        "ORACULAR_TICK_INTERVAL_S": "0.5",
+        "ORACULAR_DATADIR": str(tmp_path / "state"),
+    }
+
+
+def _oracular(env: dict[str, str], *args: str, timeout: float = BACKFILL_TIMEOUT_S):
+    return subprocess.run(
+        [sys.executable, "-m", "streams.cli", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _events():
+    config = load_config(CONFIG)
+    return config, clickstream(config, 600, 40, seed=5)
+
+
+async def _setup(kafka: str, prefix: str, events) -> None:
+    topics = product_topics(
+        {"ORACULAR_TOPIC_PREFIX": prefix, "ORACULAR_PARTITIONS": str(PARTITIONS)}
+    )
+    await ensure_topics_async(kafka, list(topics))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka, acks="all")
+    await producer.start()
+    try:
+        for e in events:
+            message = {"id": e.id, "user": e.user, "ts": e.at, "type": e.type}
+            if e.name is not None:
+                message["name"] = e.name
+            # Record timestamps are the event times, as `oracular produce` sets them: --since
+            # finds its start offsets by record timestamp.
+            await producer.send(
+                topics.events.name, msgpack.packb(message), key=e.user.encode(), timestamp_ms=e.at
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def _expected(config, events) -> dict[str, dict]:
+    result = replay(config, events, until=END_OF_TIME)
+    expected = {}
+    for step in result.steps:
+        if step.closed is not None:
+            message = episode_message(step.event.user, step.closed)
+            expected[message["id"]] = message
+        message = prediction_message(step.event.user, step, -1)
+        if message is not None:
+            expected[message["id"]] = message
+    for user, closed in result.closed_at_end:
+        message = episode_message(user, closed)
+        expected[message["id"]] = message
+    return expected
+
+
+async def _outputs(kafka: str, topics: list[str], count: int) -> dict[str, dict]:
+    """The messages of `topics` by id, read until `count` distinct ids (and a quiet second)."""
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=kafka,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    got: dict[str, dict] = {}
+    deadline = time.monotonic() + OUTPUTS_TIMEOUT_S
+    await consumer.start()
+    try:
+        quiet_since = None
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=200)
+            records = [r for batch in batches.values() for r in batch]
+            for record in records:
+                message = decode_output(record.value)
+                got[message["id"]] = message
+            if len(got) >= count:
+                quiet_since = quiet_since if not records and quiet_since else time.monotonic()
+                if time.monotonic() - quiet_since > 1.0:  # extra ids would show up by now
+                    break
+    finally:
+        await consumer.stop()
+    assert len(got) == count, f"expected {count} distinct output ids, got {len(got)}"
+    return got
+
+
+def test_backfill_equals_replay_and_is_repeatable(kafka, name, tmp_path):
+    """A backfill's outputs equal `oracular replay` of the topic; a second one gives the same."""
+    prefix = name("bf")
+    config, events = _events()
+    asyncio.run(_setup(kafka, prefix, events))
+    expected = _expected(config, events)
+    outputs = [f"{prefix}.predictions.bf", f"{prefix}.episodes.bf"]
+    runs = []
+    for attempt in (1, 2):
+        env = _env(kafka, prefix, tmp_path / f"run{attempt}")
+        done = _oracular(
+            env,
+            "backfill",
+            "--config",
+            str(CONFIG),
+            "--app-id",
+            f"{prefix}-app{attempt}",
+            "--output-suffix",
+            ".bf",
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "complete: applied 600, duplicates 0, dead_lettered 0" in done.stderr
+        runs.append(asyncio.run(_outputs(kafka, outputs, len(expected))))
+    assert runs[0] == expected
+    assert runs[1] == runs[0]
+
+
+def test_backfill_since_starts_at_that_time_and_refuses_a_used_app_id(kafka, name, tmp_path):
+    """--since skips earlier events; an app id that already has state is refused."""
+    prefix = name("since")
+    _, events = _events()
+    asyncio.run(_setup(kafka, prefix, events))
+    since = events[400].at
+    later = sum(e.at >= since for e in events)
+    env = _env(kafka, prefix, tmp_path)
+    done = _oracular(
+        env,
+        "backfill",
+        "--config",
+        str(CONFIG),
+        "--app-id",
+        f"{prefix}-a",
+        "--since",
+        str(since),
+        "--output-suffix",
+        ".since",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"complete: applied {later:,}," in done.stderr
+    again = _oracular(env, "backfill", "--config", str(CONFIG), "--app-id", f"{prefix}-a")
+    assert again.returncode == 69
+    assert "already has state on the broker" in again.stderr
+    assert f"oracular reset {prefix}-a" in again.stderr
+
+
+def test_reset_dry_run_then_delete(kafka, name, tmp_path):
+    """reset lists, then deletes, the app's internal topics, consumer group and local state."""
+    prefix = name("reset")
+    _, events = _events()
+    asyncio.run(_setup(kafka, prefix, events[:50]))
+    app_id = f"{prefix}-app"
+    env = _env(kafka, prefix, tmp_path)
+    done = _oracular(env, "backfill", "--config", str(CONFIG), "--app-id", app_id)
+    assert done.returncode == 0, done.stderr[-3000:]
+    datadir = tmp_path / "state"
+    assert datadir.is_dir()
+    dry = _oracular(env, "reset", app_id, "--datadir", str(datadir), "--dry-run", timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert f"topic          {app_id}-oracular-state-changelog" in dry.stdout
+    assert f"consumer group {app_id}" in dry.stdout and "dry run: nothing deleted" in dry.stdout
+    assert datadir.is_dir()
+    gone = _oracular(env, "reset", app_id, "--datadir", str(datadir), timeout=60)
+    assert gone.returncode == 0, gone.stderr
+    assert not datadir.exists()
+    after = _oracular(env, "reset", app_id, "--datadir", str(datadir), "--dry-run", timeout=60)
+    assert "topics         none" in after.stdout
+    assert "consumer group none" in after.stdout
+
+
+def test_reset_refuses_while_a_worker_runs(kafka, name, faust_worker, tmp_path):
+    """An app id with a running worker is not reset: the message says to stop it first."""
+    prefix = name("busy")
+    app_id = f"{prefix}-app"
+    worker = faust_worker(
+        "streams.app",
+        app_id=app_id,
+        env={
+            "ORACULAR_TOPIC_PREFIX": prefix,
+            "ORACULAR_PARTITIONS": str(PARTITIONS),
+            "ORACULAR_CONFIG": str(CONFIG),
+        },
+        argv=[sys.executable, "-m", "streams.cli", "worker", "--loglevel", "info"],
+    ).start()
+    env = _env(kafka, prefix, tmp_path)
+    busy = _oracular(env, "reset", app_id, "--datadir", str(worker.datadir), timeout=60)
+    assert busy.returncode == 1
+    assert "active member(s); stop its workers first" in busy.stderr
+    assert worker.datadir.exists()
+    assert f"consumer group {app_id}" in busy.stdout  # the plan is still shown
+    worker.stop()
