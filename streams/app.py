@@ -41,6 +41,7 @@ from streams.processor import (
     Table,
     encode_tick,
 )
+from streams.progress import Progress
 from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
 
 log = logging.getLogger("oracular.worker")
@@ -97,6 +98,8 @@ class Backfill:
     """Partitions handled up to `stop` that have had a tick since."""
     reached: bool = False
     """`done()` was called."""
+    progress: Progress | None = None
+    """Advanced with the messages handled so far (of stop − start)."""
 
 
 def create_app(
@@ -233,6 +236,12 @@ class _Runtime:
     def _backfill_progress(self, messages: list[InMessage]) -> None:
         backfill = self.backfill
         assert backfill is not None
+        if backfill.progress is not None:
+            handled = sum(
+                self.processor.next_offset.get(p, start) - start
+                for p, start in backfill.start.items()
+            )
+            backfill.progress.advance(handled, count=len(messages))
         ticks = self.settings.topics.ticks.name
         for message in messages:
             if message.topic == ticks and self.caught_up(message.partition):

@@ -201,9 +201,13 @@ def run_backfill(args: argparse.Namespace) -> int:
         print(f"oracular backfill: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     started = time.monotonic()
+    progress = Progress("backfill", total=span.total, unit="messages")
     plan = Backfill(
-        dict(span.start), dict(span.stop), done=lambda: os.kill(os.getpid(), signal.SIGTERM)
-    )  # a graceful shutdown
+        dict(span.start),
+        dict(span.stop),
+        done=lambda: os.kill(os.getpid(), signal.SIGTERM),  # the worker's graceful shutdown
+        progress=progress,
+    )
     app = create_app(settings, config, backfill=plan)
     with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
         faust.Worker(app, loglevel=args.loglevel).execute_from_commandline()
