@@ -16,9 +16,14 @@ P_S = (1.5 + 3) / (10 + 3)  # prior 0.15 × 10 plus the signal's 3: α = 4.5, β
 
 def _events():
     return [
-        Event("u1", T, name="s"), Event("u1", T + 1, name="o"), Event("u1", T + 2, type="end"),
-        Event("u2", T, name="s"), Event("u2", T + 1, name="page"), Event("u2", T + 2, type="end"),
-        Event("u3", T, name="page"), Event("u3", T + 1, type="end"),
+        Event("u1", T, name="s"),
+        Event("u1", T + 1, name="o"),
+        Event("u1", T + 2, type="end"),
+        Event("u2", T, name="s"),
+        Event("u2", T + 1, name="page"),
+        Event("u2", T + 2, type="end"),
+        Event("u3", T, name="page"),
+        Event("u3", T + 1, type="end"),
     ]
 
 
@@ -34,15 +39,20 @@ def test_hand_computed_scores():
     assert score.log_loss == pytest.approx(loss) and round(loss, 4) == 0.5183
     assert score.auc == pytest.approx(2 / 3)  # beats 0.15, ties the two other P_S
     assert [(b.low, b.count, round(b.observed, 4)) for b in score.calibration] == [
-        (0.1, 1, 0.0), (0.3, 3, 0.3333)]
+        (0.1, 1, 0.0),
+        (0.3, 3, 0.3333),
+    ]
     assert (score.reveals, score.precision, score.recall) == (0, None, 0.0)
     assert "roc auc 0.667" in format_scores(evaluate(cfg, _events()))
 
 
 def test_attribution_window_counts_a_later_episode_as_positive():
     """With attribution, an outcome after the close but inside the window labels the event."""
-    events = [Event("u1", T, name="s"), Event("u1", T + MINUTE, type="end"),
-              Event("u1", T + HOUR, name="o")]
+    events = [
+        Event("u1", T, name="s"),
+        Event("u1", T + MINUTE, type="end"),
+        Event("u1", T + HOUR, name="o"),
+    ]
     plain = config({"x": {"signals": {"s": 3}, "outcome": "o"}})
     held = config({"x": {"signals": {"s": 3}, "outcome": "o", "attribution": "1d"}})
     assert evaluate(plain, events).scores[0].positives == 0
@@ -53,21 +63,37 @@ def test_attribution_window_counts_a_later_episode_as_positive():
 
 def test_reveal_precision_and_recall():
     """A reveal followed by the outcome is a true positive."""
-    cfg = config({"x": {"signals": {"s": 10}, "outcome": "o", "prior": 0.5, "priorWeight": 2,
-                        "threshold": 0.6}})
-    events = [Event("u1", T, name="s"), Event("u1", T + 1, name="o"),
-              Event("u2", T, name="s"), Event("u2", T + 1, type="end")]
+    cfg = config(
+        {
+            "x": {
+                "signals": {"s": 10},
+                "outcome": "o",
+                "prior": 0.5,
+                "priorWeight": 2,
+                "threshold": 0.6,
+            }
+        }
+    )
+    events = [
+        Event("u1", T, name="s"),
+        Event("u1", T + 1, name="o"),
+        Event("u2", T, name="s"),
+        Event("u2", T + 1, type="end"),
+    ]
     [score] = evaluate(cfg, events).scores
     assert (score.reveals, score.precision, score.recall) == (2, 0.5, 1.0)
 
 
-@pytest.mark.parametrize(("scored", "auc"), [
-    ([(0.9, True), (0.1, False)], 1.0),
-    ([(0.1, True), (0.9, False)], 0.0),
-    ([(0.5, True), (0.5, False)], 0.5),
-    ([(0.2, True), (0.1, False), (0.3, False)], 0.5),
-    ([(0.5, True)], None),
-])
+@pytest.mark.parametrize(
+    ("scored", "auc"),
+    [
+        ([(0.9, True), (0.1, False)], 1.0),
+        ([(0.1, True), (0.9, False)], 0.0),
+        ([(0.5, True), (0.5, False)], 0.5),
+        ([(0.2, True), (0.1, False), (0.3, False)], 0.5),
+        ([(0.5, True)], None),
+    ],
+)
 def test_roc_auc(scored, auc):
     """Mann-Whitney AUC, ties counting a half; undefined with one class."""
     assert roc_auc(scored) == auc
