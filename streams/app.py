@@ -292,29 +292,17 @@ class _Runtime:
         )
 
     def log_summary(self) -> None:
-        counts = self.processor.counts
         now = time.monotonic()
-        handled = (
-            counts["applied"] + counts["duplicates"] + counts["dead_lettered"] + counts["ignored"]
-        )
+        handled = self.processor.handled()
         since, before = self._last_summary
         rate = (handled - before) / max(now - since, 1e-9)
         self._last_summary = (now, handled)
-        fields = " ".join(
-            f"{name}={counts[name]}"
-            for name in (
-                "applied",
-                "duplicates",
-                "dead_lettered",
-                "ignored",
-                "late",
-                "predictions",
-                "episodes",
-                "closed_by_timer",
-                "ticks",
-            )
+        log.info(
+            "oracular summary: events_per_s=%.0f %s lag=%s",
+            rate,
+            self.processor.summary(),
+            self._lag(),
         )
-        log.info("oracular summary: events_per_s=%.0f %s lag=%s", rate, fields, self._lag())
 
     def _lag(self) -> int | str:
         total = 0

@@ -211,25 +211,14 @@ def run_backfill(args: argparse.Namespace) -> int:
     app = create_app(settings, config, backfill=plan)
     with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
         faust.Worker(app, loglevel=args.loglevel).execute_from_commandline()
-    counts = app.oracular.processor.counts  # type: ignore[attr-defined]
+    processor = app.oracular.processor  # type: ignore[attr-defined]
     elapsed = time.monotonic() - started
-    handled = sum(counts[k] for k in ("applied", "duplicates", "dead_lettered", "ignored"))
-    summary = ", ".join(
-        f"{k} {counts[k]:,}"
-        for k in (
-            "applied",
-            "duplicates",
-            "dead_lettered",
-            "ignored",
-            "late",
-            "predictions",
-            "episodes",
-        )
-    )
+    rate = processor.handled() / max(elapsed, 1e-9)
+    summary = processor.summary(", ")
     status = "complete" if plan.reached else "INTERRUPTED before the end"
     print(
         f"backfill {settings.app_id} {status}: {summary} in {elapsed:.1f} s "
-        f"({handled / max(elapsed, 1e-9):,.0f} messages/s)",
+        f"({rate:,.0f} messages/s)",
         file=sys.stderr,
     )
     return 0 if plan.reached else 1

@@ -32,6 +32,11 @@ from schemas.events import DecodeError, IgnoredMessage, decode_event
 from schemas.outputs import Format, dlq_message, encode_output, episode_message, prediction_message
 from schemas.stored import StoredUser, decode_stored, encode_stored, stored_deadline
 
+HANDLED: Final = ("applied", "duplicates", "dead_lettered", "ignored")
+"""Every consumed input message is counted as exactly one of these."""
+REPORTED: Final = (*HANDLED, "late", "predictions", "episodes", "closed_by_timer", "ticks")
+"""The counters the worker's summary line shows, in order."""
+
 PREDICTIONS: Final = "predictions"
 EPISODES: Final = "episodes"
 DLQ: Final = "dlq"
@@ -135,6 +140,14 @@ class Processor:
         """Partition -> the offset after the last input message handled."""
         self.deadlines: dict[int, list[tuple[int, bytes]]] = {}
         """Partition -> heap of (timeout deadline, user key); stale entries are skipped."""
+
+    def handled(self) -> int:
+        """Input messages handled so far (applied, duplicates, dead-lettered or ignored)."""
+        return sum(self.counts[name] for name in HANDLED)
+
+    def summary(self, separator: str = " ") -> str:
+        """The counters as `name=value` pairs."""
+        return separator.join(f"{name}={self.counts[name]}" for name in REPORTED)
 
     # --- batches -------------------------------------------------------------------------
 
