@@ -119,7 +119,7 @@ def close_episode(state: EngineState, at: int, reason: Reason) -> Transition:
         elif intent.resolved:
             verdicts[name] = IntentVerdict("resolved", seen)
         elif config.attribution_ms is not None:
-            intent = hold(intent, PendingEpisode(at, seen), half_life)
+            intent = hold(intent, PendingEpisode(at, list(seen)), half_life)
             verdicts[name] = IntentVerdict("held", seen)
         else:
             intent = judge(intent, seen, 0.0, at, half_life)

@@ -89,12 +89,12 @@ def settle_expired(
             keep.append(held)
     if len(keep) == len(intent.pending):
         return intent
-    return _replace_pending(intent, tuple(keep))
+    return _replace_pending(intent, keep)
 
 
 def hold(intent: IntentState, episode: PendingEpisode, half_life_ms: int | None) -> IntentState:
     """Hold a closed episode for attribution; past MAX_PENDING the oldest is a miss now."""
-    pending = (*intent.pending, episode)
+    pending = [*intent.pending, episode]
     if len(pending) > MAX_PENDING:
         oldest, pending = pending[0], pending[1:]
         intent = judge(intent, oldest.signals, 0.0, episode.closed_at, half_life_ms)
@@ -113,7 +113,7 @@ def credit_pending(
     for held in intent.pending:
         share = decay_factor(at - held.closed_at, config.half_life_ms)
         intent = judge(intent, held.signals, share, at, half_life_ms)
-    return _replace_pending(intent, ())
+    return _replace_pending(intent, [])
 
 
 def effective_weight(
@@ -160,7 +160,7 @@ def _replace_counts(
     )
 
 
-def _replace_pending(intent: IntentState, pending: tuple[PendingEpisode, ...]) -> IntentState:
+def _replace_pending(intent: IntentState, pending: list[PendingEpisode]) -> IntentState:
     return IntentState(
         intent.episodes,
         intent.learned,

@@ -177,7 +177,7 @@ def _intent_from_record(value: Any) -> IntentState:
         {str(name): Evidence(float(a), float(b), int(at)) for name, (a, b, at) in evidence.items()},
         {str(name): int(count) for name, count in seen.items()},
         bool(resolved),
-        tuple(PendingEpisode(int(at), tuple(map(str, names))) for at, names in pending),
+        [PendingEpisode(int(at), [str(name) for name in names]) for at, names in pending],
         _opt_int(outcome_at),
         _opt_int(revealed_at),
     )
@@ -224,10 +224,10 @@ def _fits(intent: IntentState, config: IntentConfig) -> bool:
 def _fit_intent(intent: IntentState, config: IntentConfig, half_life_ms: int | None) -> IntentState:
     declared = config.signals
     learned = {name: intent.learned.get(name, SignalRecord()) for name in declared}
-    pending = tuple(
-        PendingEpisode(held.closed_at, tuple(s for s in held.signals if s in declared))
+    pending = [
+        PendingEpisode(held.closed_at, [s for s in held.signals if s in declared])
         for held in intent.pending
-    )
+    ]
     fitted = IntentState(
         intent.episodes,
         learned,
@@ -249,7 +249,7 @@ def _fit_intent(intent: IntentState, config: IntentConfig, half_life_ms: int | N
             fitted.evidence,
             fitted.seen,
             fitted.resolved,
-            (),
+            [],
             fitted.last_outcome_at,
             fitted.last_revealed_at,
         )

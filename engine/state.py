@@ -52,8 +52,9 @@ class PendingEpisode:
 
     closed_at: int
     """Epoch ms the episode closed; its window ends at closed_at + attribution."""
-    signals: tuple[str, ...]
-    """The intent's signals seen in it (sorted), each to get a share of a hit or a miss."""
+    signals: list[str]
+    """The intent's signals seen in it (sorted), each to get a share of a hit or a miss.
+    A list, as the seed's `PendingEpisode` has; never mutated (replaced with the episode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +71,9 @@ class IntentState:
     """Signal -> occurrences in the open episode since the intent's last outcome."""
     resolved: bool = False
     """The outcome arrived in the open episode: the close gives no miss and holds nothing."""
-    pending: tuple[PendingEpisode, ...] = ()
-    """Closed episodes waiting for the outcome (attribution), oldest first, at most 32."""
+    pending: list[PendingEpisode] = field(default_factory=list)
+    """Closed episodes waiting for the outcome (attribution), oldest first, at most 32.
+    A list, as the seed's `IntentState.pending`; replaced wholesale, never mutated."""
     last_outcome_at: int | None = None
     last_revealed_at: int | None = None
 

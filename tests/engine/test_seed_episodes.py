@@ -51,7 +51,7 @@ def test_attribution_table_row(upgrade_after, share, hits, misses, with_outcome,
     assert round(result.signals["pricing.viewed"].hits, 3) == share
     episodes = state.intents["upgrade"].episodes
     assert round(episodes.hits, 3) == with_outcome and round(episodes.misses, 3) == without
-    assert state.intents["upgrade"].pending == ()
+    assert state.intents["upgrade"].pending == []
 
 
 def test_attribution_table_never_row_window_passes():
@@ -69,7 +69,7 @@ def test_attribution_table_never_row_window_passes():
     stored = observe(state, "page.viewed", window_end + 1)  # the next observe stores it
     assert stored.intents["upgrade"].learned["pricing.viewed"].misses == 1.0
     assert stored.intents["upgrade"].episodes.misses == 1.0
-    assert stored.intents["upgrade"].pending == ()
+    assert stored.intents["upgrade"].pending == []
 
 
 def test_expired_window_miss_is_dated_at_the_window_end():
@@ -96,7 +96,7 @@ def test_attribution_holds_at_the_close_so_the_misses_difference_is_zero():
     assert held.episodes.misses - prev.intents["upgrade"].episodes.misses == 0
     assert held.learned["pricing.viewed"].misses == 0
     assert [(p.closed_at, p.signals) for p in held.pending] == [
-        (MONDAY_10 + 10 * MINUTE, ("pricing.viewed",))
+        (MONDAY_10 + 10 * MINUTE, ["pricing.viewed"])
     ]
     plain = nxt.intents["plain"]
     assert plain.episodes.misses - prev.intents["plain"].episodes.misses == 1

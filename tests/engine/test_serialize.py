@@ -157,7 +157,7 @@ def test_switching_attribution_off_turns_held_episodes_into_misses():
     assert len(state.intents["upgrade"].pending) == 1
     plain = config({"upgrade": QUICKSTART}, learning={"halfLife": "90d"})
     back = deserialize(serialize(state), config=plain)
-    assert back.intents["upgrade"].pending == ()
+    assert back.intents["upgrade"].pending == []
     assert back.intents["upgrade"].episodes.misses == 1
     assert back.intents["upgrade"].learned["pricing.viewed"].misses == 1
 
