@@ -100,7 +100,8 @@ async def test_live_run_equals_the_replay(
     chunk = len(events) // 4
     for start in range(0, len(events), chunk):
         await produce_events(kafka, dep.topics.events.name, events[start : start + chunk])
-        await wait_committed(dep)  # caught up between chunks: only event time may close
+        # The worker catches up between chunks; with the huge grace only event time closes.
+        await wait_committed(dep)
     await produce_events(kafka, dep.topics.events.name, marks)
 
     records = await wait_for_outputs(dep, expected)
@@ -110,7 +111,8 @@ async def test_live_run_equals_the_replay(
     assert worker.stop() == 0
     counts = last_summary(worker.log_text())
     assert counts["applied"] == len(events) + len(marks), counts
-    assert counts["closed_by_timer"] > 0, counts  # the timer path was exercised
+    # The timer closed idle episodes mid-stream, not only the ones the sentinels make due.
+    assert counts["closed_by_timer"] > expected.closed_at_end, counts
 
 
 async def test_silent_user_is_closed_on_time_by_the_wall_clock(
@@ -149,10 +151,11 @@ async def test_silent_user_is_closed_on_time_by_the_wall_clock(
         ts = int(time.time() * 1000)
         event = Event("silent-user", ts, name="pricing.viewed", id="s1")
         await produce_events(kafka, dep.topics.events.name, [event])
-        [record] = await episodes.wait_for(
+        records = await episodes.wait_for(
             lambda got: len(got) >= 1, timeout_s=SILENT_WAIT_S, what="the timeout close"
         )
         arrived_ms = time.time() * 1000
+    record = records[0]
     print(
         f"closed {arrived_ms - ts:.0f} ms after the event, published at +{record.timestamp - ts} ms"
     )
@@ -160,7 +163,7 @@ async def test_silent_user_is_closed_on_time_by_the_wall_clock(
     expected = expected_outputs(dep.config, [event], until=END_OF_TIME)
     [message] = expected.episodes.values()
     assert message["closed_at"] == ts + SILENT_TIMEOUT_MS and message["reason"] == "timeout"
-    assert decode_output(record.value) == message
+    assert [decode_output(r.value) for r in records] == [message] * len(records)
     assert record.timestamp > ts + SILENT_TIMEOUT_MS, "published before the episode was due"
     bound_ms = SILENT_TIMEOUT_MS + (2 * SILENT_TICK_S + SILENT_SLACK_S) * 1000
     assert arrived_ms - ts <= bound_ms, f"closed {arrived_ms - ts:.0f} ms after the event"
@@ -203,9 +206,10 @@ async def test_worker_killed_mid_stream_recovers_to_the_replay(
     events = generate_stream(dep.config, events=4_000, users=200, seed=14)
     expected = expected_outputs(dep.config, events, until=END_OF_TIME)
     await dep.create_topics()
-    await produce_events(kafka, dep.topics.events.name, events)
+    # Several fetches per partition (see the backfill test): ticks come during the catch-ups.
+    await produce_events(kafka, dep.topics.events.name, events, properties=BACKFILL_PROPERTIES)
 
-    worker = worker_for(faust_worker, dep)
+    worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
     worker.start()
     async with TopicReader(kafka, dep.outputs) as outputs:
         await outputs.wait_for(
@@ -321,7 +325,8 @@ async def test_bad_input_is_dead_lettered_and_good_input_still_applies(
         }
 
     assert worker.stop() == 0
-    [_] = re.findall("oracular summary", worker.log_text())
+    lines = re.findall("oracular summary: .*", worker.log_text())
+    assert len(lines) == 1, f"expected only the shutdown summary, got {lines}"
     counts = last_summary(worker.log_text())
     handled = counts["applied"] + counts["duplicates"] + counts["dead_lettered"] + counts["ignored"]
     assert handled == len(mixed), counts

@@ -40,7 +40,7 @@ HUGE_GRACE_MS = 10 * 365 * 24 * 3600 * 1000
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "oracular.yaml"
 
 # Bounds for a 2-core box running the broker, one or two workers and the test process.
-COMPLETION_TIMEOUT_S = 120.0  # a few thousand events applied and all outputs published
+COMPLETION_TIMEOUT_S = 60.0  # a few thousand events applied and all outputs published
 CAUGHT_UP_TIMEOUT_S = 60.0  # a produced chunk applied and its offsets committed
 STATES_TIMEOUT_S = 30.0  # outputs seen -> the batch's state writes visible in the changelog
 TOPIC_METADATA_TIMEOUT_S = 30.0  # a topic the worker creates shows up in the metadata
