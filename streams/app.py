@@ -173,8 +173,7 @@ def create_app(
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order, and Faust bug #606
     async def process(stream: Any) -> None:
         async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
-            await runtime.run_batch(events)
-            for event in events:
+            for event in await runtime.run_batch(events):
                 await stream.ack(event)
 
     @app.timer(settings.tick_interval_s)
@@ -221,10 +220,12 @@ class _Runtime:
         self.started = time.monotonic()
         self._last_summary = (self.started, 0)
 
-    async def run_batch(self, events: list[Any]) -> None:
+    async def run_batch(self, events: list[Any]) -> list[Any]:
+        """Apply a batch; returns the events to ack (all but those left to a re-read)."""
         batch = Batch(self.table, self.processor.config)
         messages = [_in_message(event) for event in events]
-        self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
+        self._expect_committed(messages)
+        rewinds = self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
         for output in batch.outputs:
             await self.outputs[output.role].send(key=output.key, value=output.value)
         await self.app.producer.flush()  # outputs delivered before the states that record them
@@ -232,6 +233,47 @@ class _Runtime:
             self.table.set(key, value, context)
         if self.backfill is not None:
             self._backfill_progress(messages)
+        if not rewinds:
+            return events
+        await self._rewind(rewinds)
+        return [
+            m.context
+            for m in messages
+            if m.topic != self.events_topic or m.offset < rewinds.get(m.partition, m.offset + 1)
+        ]
+
+    def _expect_committed(self, messages: list[InMessage]) -> None:
+        """A partition's first input after (re)assignment must be at its committed offset."""
+        committed = self.app.consumer._committed_offset  # private: no public read in Faust
+        for message in messages:
+            if (
+                message.topic == self.events_topic
+                and message.partition not in self.processor.next_offset
+            ):
+                offset = committed.get(TP(self.events_topic, message.partition))
+                if offset is not None:
+                    self.processor.expect(message.partition, offset)
+
+    async def _rewind(self, rewinds: dict[int, int]) -> None:
+        """Re-read partitions from the hole Faust left (see Processor._skipped_ahead).
+
+        Faust has marked the hole's offsets as acked (its `_gap`); those marks are removed so
+        a commit cannot move past input that was never applied. The skipped messages are not
+        acked; dropped, Faust forgets them, and the seek delivers them again in order.
+        """
+        consumer = self.app.consumer
+        for partition, offset in rewinds.items():
+            tp = TP(self.events_topic, partition)
+            gaps = consumer._gap.get(tp)  # private: Faust's acked-hole marks
+            if gaps:
+                gaps.chop(offset, 1 << 62)
+            log.warning(
+                "input partition %s skipped ahead past offset %s (Faust dropped "
+                "messages): re-reading from there",
+                partition,
+                offset,
+            )
+            await consumer.seek(tp, offset)
 
     def _backfill_progress(self, messages: list[InMessage]) -> None:
         backfill = self.backfill

@@ -137,7 +137,8 @@ class Processor:
         self.event_time: dict[int, int] = {}
         """Partition -> the largest event time applied on it (its event-time watermark)."""
         self.next_offset: dict[int, int] = {}
-        """Partition -> the offset after the last input message handled."""
+        """Partition -> the next input offset to handle: one past the highest handled, or
+        the committed offset when the partition was assigned (`expect`)."""
         self.deadlines: dict[int, list[tuple[int, bytes]]] = {}
         """Partition -> heap of (timeout deadline, user key); stale entries are skipped."""
 
@@ -157,16 +158,43 @@ class Processor:
         messages: Iterable[InMessage],
         caught_up: Callable[[int], bool],
         wall_ms: Callable[[], int],
-    ) -> None:
-        """Apply `messages` in order; outputs and writes accumulate in `batch`."""
+    ) -> dict[int, int]:
+        """Apply `messages` in order; outputs and writes accumulate in `batch`.
+
+        Returns:
+            Partition -> offset to re-read from, for each partition whose input skipped
+            ahead (see `_skipped_ahead`). Its messages from the first one past the hole on
+            were not applied: the caller must seek back and must not ack them.
+        """
+        rewinds: dict[int, int] = {}
         for message in messages:
+            partition = message.partition
             if message.topic == self.ticks_topic:
-                self.on_tick(batch, message, caught_up(message.partition), wall_ms())
+                self.on_tick(batch, message, caught_up(partition), wall_ms())
+            elif partition in rewinds or self._skipped_ahead(message):
+                rewinds.setdefault(partition, self.next_offset[partition])
+                self.counts["rewound"] += 1
             elif self._beyond_end(message):
                 self.counts["beyond_end"] += 1
             else:
                 self.on_input(batch, message)
-                self.next_offset[message.partition] = message.offset + 1
+                self.next_offset[partition] = max(
+                    self.next_offset.get(partition, 0), message.offset + 1
+                )
+        return rewinds
+
+    def _skipped_ahead(self, message: InMessage) -> bool:
+        """True when `message` comes after a hole: earlier offsets were never delivered.
+
+        Input offsets are contiguous here (no transactions, no compaction on the input), so
+        a message past the next expected offset means Faust dropped messages in between.
+        faust-streaming 0.15.3 does that around rebalances: its fetch loop drops a message
+        below the highest offset it has read, and marks holes as acked. Applying the later
+        message would break the user's order and, worse, make the missing ones look like
+        redeliveries; so it is not applied, and the partition is re-read from the hole.
+        """
+        expected = self.next_offset.get(message.partition)
+        return expected is not None and message.offset > expected
 
     def _beyond_end(self, message: InMessage) -> bool:
         stop = self.stop_offsets
@@ -271,6 +299,10 @@ class Processor:
                 self.deadlines.setdefault(partition, []).append((deadline, key))
         for heap in self.deadlines.values():
             heapq.heapify(heap)
+
+    def expect(self, partition: int, offset: int) -> None:
+        """Start `partition` at `offset` (its committed offset) unless it is known already."""
+        self.next_offset.setdefault(partition, offset)
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop the time and index of partitions this worker no longer owns."""
