@@ -1,13 +1,20 @@
 """`python -m bench`: measure, print a table, and record it in BENCHMARKS.md.
 
-Every figure is the median of several runs; each throughput also gets its ratio to a trivial
-baseline loop over the same events measured in the same run, because these machines are shared
+Two parts, each recorded in its own section between its own markers:
+1. the engine alone (no broker): `--engine-only`;
+2. end to end (bench/e2e.py): the real worker against a local broker the bench starts and
+   stops itself: throughput against a raw aiokafka passthrough, latency at half that load,
+   restore from the changelog, state size and memory. `--e2e-only`.
+
+Every figure is the median of several runs; each also gets a baseline measured in the same
+run (a trivial loop, the passthrough, an empty changelog), because these machines are shared
 and noisy: the ratio moves less than the absolute number.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -158,32 +165,125 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def _record(section: str) -> None:
+def _record(section: str, begin: str = BEGIN, end: str = END) -> None:
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     BENCHMARKS.write_text(text)
 
 
-def main() -> int:
-    """Parse flags, run, print and record."""
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--users", type=int, default=1_000)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument(
-        "--engine-only", action="store_true", help="only the engine benchmarks (no broker needed)"
+def _wait_quiet(limit_s: float) -> str:
+    """Wait (polling, at most `limit_s`) until no pytest runs; say what the load was."""
+    from bench.e2e import pytest_processes  # noqa: PLC0415
+
+    deadline = time.monotonic() + limit_s
+    waited = time.monotonic()
+    running = pytest_processes()
+    while running and time.monotonic() < deadline:
+        print(f"[bench] waiting for {len(running)} pytest process(es) to finish", file=sys.stderr)
+        time.sleep(10)
+        running = pytest_processes()
+    waited = time.monotonic() - waited
+    state = (
+        f"{len(running)} pytest processes still running (waited {waited:.0f} s)"
+        if running
+        else "no test runs (pytest) on the machine"
+        + (f" after waiting {waited:.0f} s for them" if waited >= 1 else "")
     )
-    parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md")
-    args = parser.parse_args()
-    section = run(args.events, args.users, args.runs)
+    return f"At the start: {state}; load average {os.getloadavg()[0]:.2f}."
+
+
+def _e2e(args: argparse.Namespace, command: str) -> None:
+    from bench import e2e  # noqa: PLC0415 - imports Faust-side modules; not for --engine-only
+
+    params = e2e.Params(
+        events=args.e2e_events,
+        users=args.e2e_users,
+        runs=args.e2e_runs,
+        latency_runs=args.latency_runs,
+        latency_seconds=args.latency_seconds,
+        latency_rate=args.latency_rate,
+        recovery_users=args.recovery_users,
+        recovery_runs=args.recovery_runs,
+        phases=tuple(args.phases.split(",")),
+        keep=args.keep,
+        worker_env=dict(item.split("=", 1) for item in args.worker_env),
+        worker_root=(args.worker_root or ROOT).resolve(),
+    )
+    quiet = _wait_quiet(args.wait_quiet)
+    print(f"[bench] {quiet}", file=sys.stderr)
+    results = e2e.run(params)
+    results.notes.insert(0, quiet)
+    section = e2e.section(results, command)
+    e2e.print_table(results)
     print(section)
     if not args.no_record:
-        _record(section)
+        _record(section, e2e.BEGIN, e2e.END)
         print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+
+
+def main() -> int:
+    """Parse flags, run, print and record."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--events", type=int, default=100_000, help="engine: events")
+    parser.add_argument("--users", type=int, default=1_000, help="engine: users")
+    parser.add_argument("--runs", type=int, default=5, help="engine: runs per case")
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument(
+        "--engine-only", action="store_true", help="only the engine benchmarks (no broker needed)"
+    )
+    part.add_argument("--e2e-only", action="store_true", help="only the end-to-end benchmarks")
+    e2e = parser.add_argument_group("end to end")
+    e2e.add_argument("--e2e-events", type=int, default=200_000, help="preloaded input events")
+    e2e.add_argument("--e2e-users", type=int, default=10_000, help="their users")
+    e2e.add_argument("--e2e-runs", type=int, default=3, help="throughput runs of each kind")
+    e2e.add_argument("--latency-runs", type=int, default=3)
+    e2e.add_argument("--latency-seconds", type=float, default=20.0, help="offered load per run")
+    e2e.add_argument("--latency-rate", type=float, help="events/s (default: half the throughput)")
+    e2e.add_argument("--recovery-users", type=int, default=100_000)
+    e2e.add_argument("--recovery-runs", type=int, default=3)
+    e2e.add_argument(
+        "--phases", default="throughput,latency,recovery", help="comma-separated subset"
+    )
+    e2e.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="ORACULAR_X=VALUE",
+        help="an extra setting for the measured workers (repeatable; noted in the output)",
+    )
+    e2e.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long until no pytest runs on the machine",
+    )
+    e2e.add_argument(
+        "--worker-root",
+        type=Path,
+        metavar="DIR",
+        help="run the workers from this checkout instead (A/B a change; noted in the output)",
+    )
+    e2e.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
+    parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md")
+    args = parser.parse_args()
+    command = "python -m bench " + " ".join(sys.argv[1:]) if sys.argv[1:] else "make bench"
+    if not args.e2e_only:
+        section = run(args.events, args.users, args.runs)
+        print(section)
+        if not args.no_record:
+            _record(section)
+            print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+    if not args.engine_only:
+        _e2e(args, command.strip())
     return 0
 
 
