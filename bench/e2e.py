@@ -988,6 +988,26 @@ def _kafka_version() -> str:
     return match.group(1) if match else "?"
 
 
+def code_version(root: Path) -> str:
+    """The commit the workers ran, and whether their code had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "streams", "engine", "schemas"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"{root} (not a git checkout)"
+    return f"commit {head}" + (" with uncommitted changes in the product" if dirty else "")
+
+
 def machine() -> str:
     """One line about the machine."""
     import platform  # noqa: PLC0415
@@ -1111,7 +1131,7 @@ def section(r: Results, command: str) -> str:
             else ""
         )
         + (f"; run from the checkout {p.worker_root}" if p.worker_root != ROOT else "")
-        + ".",
+        + f". Code: {code_version(p.worker_root)}.",
         "",
         *table,
         "",
