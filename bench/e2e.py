@@ -1124,7 +1124,7 @@ def section(r: Results, command: str) -> str:
         "(`infra.broker.start_broker`, free ports, temp dir; heap 512 MiB).",
         "Worker: `python -m streams.cli worker --config examples/oracular.yaml`, one process, "
         f"ORACULAR_PARTITIONS={PARTITIONS}, at-least-once, RocksDB, a new app id, topic prefix "
-        "and datadir per run, other settings default (batches of up to 500 messages / 50 ms)"
+        "and datadir per run, other settings default (batches: `streams/settings.py`)"
         + (
             "; with " + ", ".join(f"{k}={v}" for k, v in p.worker_env.items())
             if p.worker_env
