@@ -50,6 +50,19 @@ log = logging.getLogger("oracular.worker")
 STATE_TABLE = "oracular-state"
 
 
+def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
+    """A Faust topic of raw bytes keys and values: every byte goes through `schemas/`."""
+    return app.topic(
+        *names,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        internal=internal,
+    )
+
+
 @contextlib.contextmanager
 def on_partition_of(event: Any) -> Iterator[None]:
     """Make `event` Faust's current event, so table reads and writes use its partition.
@@ -135,19 +148,8 @@ def create_app(
         web_port=settings.web_port or 6066,
     )
 
-    def topic(*names: str, internal: bool = False) -> Any:
-        return app.topic(
-            *names,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=partitions,
-            internal=internal,
-        )
-
-    inputs = topic(topics.events.name, topics.ticks.name)
-    ticks = topic(topics.ticks.name)
+    inputs = raw_topic(app, topics.events.name, topics.ticks.name, partitions=partitions)
+    ticks = raw_topic(app, topics.ticks.name, partitions=partitions)
     outputs = {
         PREDICTIONS: topics.predictions.name,
         EPISODES: topics.episodes.name,

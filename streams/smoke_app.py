@@ -32,6 +32,7 @@ from pathlib import Path
 import faust
 import msgpack
 
+from streams.app import raw_topic
 from streams.topics import partitions_from_env
 
 
@@ -68,21 +69,15 @@ app = faust.App(
 # internal=True lets Faust create the topics (with PARTITIONS partitions) when they are missing,
 # so `make run` needs no extra step; the tests create them beforehand anyway. Existing topics
 # are left as they are.
-source = app.topic(
+source = raw_topic(
+    app,
     os.environ.get("ORACULAR_SMOKE_INPUT", "oracular.smoke.in"),
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     partitions=PARTITIONS,
     internal=True,
 )
-sink = app.topic(
+sink = raw_topic(
+    app,
     os.environ.get("ORACULAR_SMOKE_OUTPUT", "oracular.smoke.out"),
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
     partitions=PARTITIONS,
     internal=True,
 )
