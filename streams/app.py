@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -48,6 +50,8 @@ from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_
 log = logging.getLogger("oracular.worker")
 
 STATE_TABLE = "oracular-state"
+REREAD_TIMEOUT_S = 15.0
+"""How long an in-place re-read of a hole may take before the worker restarts itself."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -193,7 +197,10 @@ def create_app(
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's signal typing
     async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
-        processor.forget(tp.partition for tp in revoked if tp.topic == topics.events.name)
+        partitions = [tp.partition for tp in revoked if tp.topic == topics.events.name]
+        processor.forget(partitions)
+        for partition in partitions:
+            runtime.holes.pop(partition, None)  # a hole of a partition we no longer own
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
@@ -219,7 +226,8 @@ class _Runtime:
         self.app, self.processor, self.table = app, processor, table
         self.settings = settings
         self.output_names = outputs
-        self._rewound: dict[int, int] = {}
+        self.holes: dict[int, tuple[int, float]] = {}
+        """Partition -> (offset it is being re-read from, when the hole was first seen)."""
         self.backfill = backfill
         self.events_topic = settings.topics.events.name
         self.started = time.monotonic()
@@ -279,8 +287,8 @@ class _Runtime:
             gaps = consumer._gap.get(tp)  # private: Faust's acked-hole marks
             if gaps:
                 gaps.chop(offset, 1 << 62)
-            if self._rewound.get(partition) != offset:  # once per hole, not per batch
-                self._rewound[partition] = offset
+            if self.holes.get(partition, (None,))[0] != offset:  # once per hole
+                self.holes[partition] = (offset, time.monotonic())
                 log.warning(
                     "input partition %s skipped ahead past offset %s (Faust dropped "
                     "messages): re-reading from there",
@@ -290,6 +298,30 @@ class _Runtime:
             # seek_wait runs in the consumer's own thread (Faust's plain seek does not) and
             # resets Faust's read offset, so the re-read messages are not dropped again.
             await consumer.seek_wait({tp: offset})
+
+    def check_holes(self) -> None:
+        """Forget holes that were re-read; restart the process if one was not in time.
+
+        The in-place re-read almost always resumes within a batch or two. If Faust keeps a
+        partition from resuming, the worker restarts itself (same command line, same pid):
+        nothing past the hole was acked, so the new process re-reads it from the committed
+        offset. Crash-only recovery from a Faust bug, logged as an error.
+        """
+        now = time.monotonic()
+        for partition, (offset, since) in list(self.holes.items()):
+            if self.processor.next_offset.get(partition, offset) > offset:
+                del self.holes[partition]
+                log.info("input partition %s re-read from offset %s", partition, offset)
+            elif now - since > REREAD_TIMEOUT_S:
+                log.error(
+                    "input partition %s did not resume from offset %s within %.0f s: "
+                    "restarting the worker",
+                    partition,
+                    offset,
+                    REREAD_TIMEOUT_S,
+                )
+                logging.shutdown()
+                os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
     def _backfill_progress(self, messages: list[InMessage]) -> None:
         backfill = self.backfill
@@ -334,6 +366,7 @@ class _Runtime:
 
     async def send_ticks(self, ticks: Any) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""
+        self.check_holes()
         app = self.app
         if app.rebalancing or getattr(app, "in_recovery", False):
             return
