@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from schemas.config import load_config
 from streams import app as app_module
 from streams.app import REREAD_TIMEOUT_S, _Runtime
 from streams.processor import Processor
-from schemas.config import load_config
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_processor import EVENTS, TICKS
 
