@@ -27,6 +27,7 @@ from .worker_support import (
     HUGE_GRACE_MS,
     PARTITIONS,
     Deployment,
+    Expected,
     TopicReader,
     assert_outputs_equal,
     assert_states_equal,
@@ -75,6 +76,16 @@ async def assert_no_dead_letters(dep: Deployment) -> None:
     assert not records, f"dead letters for good input: {[r.value for r in records[:5]]}"
 
 
+async def assert_equals_replay(
+    dep: Deployment, expected: Expected, *, close_due: bool = False
+) -> None:
+    """Every output, every final state and an empty DLQ, as the offline replay has them."""
+    records = await wait_for_outputs(dep, expected)
+    assert_outputs_equal(records, expected)
+    await assert_states_equal(dep, expected, close_due=close_due)
+    await assert_no_dead_letters(dep)
+
+
 def assert_stream_exercises_everything(dep: Deployment, events: list[Event]) -> None:
     """The generated stream has what the equivalence is about, not only page views."""
     shape = stream_shape(dep.config, events)
@@ -104,10 +115,7 @@ async def test_live_run_equals_the_replay(
         await wait_committed(dep)
     await produce_events(kafka, dep.topics.events.name, marks)
 
-    records = await wait_for_outputs(dep, expected)
-    assert_outputs_equal(records, expected)
-    await assert_states_equal(dep, expected)
-    await assert_no_dead_letters(dep)
+    await assert_equals_replay(dep, expected)
     assert worker.stop() == 0
     counts = last_summary(worker.log_text())
     assert counts["applied"] == len(events) + len(marks), counts
@@ -187,10 +195,7 @@ async def test_backfill_closes_nothing_early(
 
     worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
     worker.start()
-    records = await wait_for_outputs(dep, expected)
-    assert_outputs_equal(records, expected)
-    await assert_states_equal(dep, expected)
-    await assert_no_dead_letters(dep)
+    await assert_equals_replay(dep, expected)
     assert worker.stop() == 0
     counts = last_summary(worker.log_text())
     # The timer closed episodes by event time during the catch-up, not only at its end.
@@ -223,10 +228,7 @@ async def test_worker_killed_mid_stream_recovers_to_the_replay(
         shutil.rmtree(worker.datadir)  # the restart restores the table from the changelog
 
     worker.start()
-    records = await wait_for_outputs(dep, expected)
-    assert_outputs_equal(records, expected)
-    await assert_states_equal(dep, expected, close_due=datadir == "kept")
-    await assert_no_dead_letters(dep)
+    await assert_equals_replay(dep, expected, close_due=datadir == "kept")
     assert worker.stop() == 0
 
 
@@ -360,10 +362,7 @@ async def test_a_second_worker_joining_mid_stream_changes_nothing(
     await produce_events(kafka, dep.topics.events.name, events[split:])
     await produce_events(kafka, dep.topics.events.name, marks)
 
-    records = await wait_for_outputs(dep, expected)
-    assert_outputs_equal(records, expected)
-    await assert_states_equal(dep, expected)
-    await assert_no_dead_letters(dep)
+    await assert_equals_replay(dep, expected)
     assert second.stop() == 0
     assert first.stop() == 0
     assert last_summary(second.log_text())["applied"] > 0, "the second worker took partitions"
