@@ -19,6 +19,7 @@ from engine.episodes import (
 from engine.errors import (
     ConfigError,
     EngineError,
+    InvalidEventError,
     InvalidTimeError,
     StateFormatError,
     StateVersionError,
@@ -71,6 +72,7 @@ __all__ = [
     "IntentConfig",
     "IntentState",
     "IntentVerdict",
+    "InvalidEventError",
     "InvalidTimeError",
     "LearningConfig",
     "PendingEpisode",

@@ -50,6 +50,10 @@ class InvalidTimeError(EngineError):
         )
 
 
+class InvalidEventError(EngineError):
+    """An input the engine cannot apply: an event without a name, a reveal without an intent."""
+
+
 class StateFormatError(EngineError):
     """Raised by `deserialize` for bytes that are not a serialized engine state.
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from engine.config import EngineConfig
+from engine.errors import InvalidEventError
 from engine.episodes import ClosedEpisode, clamp_time, close_if_due, end_episode_transition
 from engine.observe import observe_transition
 from engine.predict import Prediction, mark_revealed, predict
@@ -67,7 +68,7 @@ def apply_event(state: EngineState, event: Event) -> Step:
     Raises:
         InvalidTimeError: `event.at` is not an int.
         UnknownIntentError: a `revealed` names an intent the config does not declare.
-        ValueError: an event without a name, or a revealed without an intent.
+        InvalidEventError: an event without a name, or a revealed without an intent.
     """
     at = clamp_time(state, event.at)
     config = state.config
@@ -77,12 +78,12 @@ def apply_event(state: EngineState, event: Event) -> Step:
     if event.type == "revealed":
         if event.intent is None:
             msg = "a revealed command needs the intent that was shown"
-            raise ValueError(msg)
+            raise InvalidEventError(msg)
         after = mark_revealed(state, event.intent, at)
         return Step(event, at, after, _changed(state, after, (event.intent,), at))
     if event.name is None:
         msg = "an event needs a name"
-        raise ValueError(msg)
+        raise InvalidEventError(msg)
     outcome_of = config.outcome_index.get(event.name, ())
     touched = (*outcome_of, *config.signal_index.get(event.name, ()))
     wiped = {name: predict(state, name, at) for name in outcome_of}

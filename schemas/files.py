@@ -154,10 +154,15 @@ def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
 
 
 def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
-    """Write one output message as a JSON line with its topic (bytes as latin-1 text)."""
+    """Write one output message as a JSON line with its topic (bytes as latin-1 text).
+
+    A dead letter's own `topic` field (where the input came from) is written as
+    `source_topic`, so `topic` always names the output topic.
+    """
+    fields = {("source_topic" if k == "topic" else k): v for k, v in message.items()}
     handle.write(
         json.dumps(
-            {"topic": topic, **message},
+            {"topic": topic, **fields},
             separators=(",", ":"),
             default=lambda b: b.decode("latin-1"),
         )

@@ -1,8 +1,15 @@
 """Output messages: predictions, closed episodes and dead letters, and their encodings.
 
-Ids are deterministic (derived from the user and the event id or source offset, or the
-episode's start), so a consumer can drop the duplicates at-least-once delivery may bring, and a
-replay and a live run can be compared message by message.
+Ids are deterministic and unambiguous, so a consumer can drop the duplicates at-least-once
+delivery may bring, and a replay and a live run can be compared message by message:
+
+- a prediction: `<user>:<event id>`, or `<user>:#<n>` for an event without an id, where n
+  counts the inputs applied to that user (1 for its first);
+- a closed episode: `<user>:<started_at>/<n>`, n counting the user's closed episodes.
+
+In `<user>` and `<event id>`, the characters `%`, `:`, `#` and `/` are written as `%25`,
+`%3A`, `%23` and `%2F`, so no two different (user, event id) pairs give the same id and an
+explicit event id never looks like a counter (`docs/messages.md`).
 """
 
 from __future__ import annotations
@@ -22,13 +29,32 @@ DLQ: Final = "oracular.events.dlq"
 Format = Literal["msgpack", "json"]
 
 
-def prediction_message(user: str, step: Step, source_ref: str | int) -> dict[str, Any] | None:
+_ESCAPES: Final = str.maketrans({"%": "%25", ":": "%3A", "#": "%23", "/": "%2F"})
+
+
+def id_part(text: str) -> str:
+    """`text` with the id separators escaped (see the module's docs)."""
+    return text.translate(_ESCAPES)
+
+
+def prediction_id(user: str, event_id: str | None, seq: int) -> str:
+    """The id of the prediction an input produced (`seq`: the user's applied-input count)."""
+    ref = f"#{seq}" if event_id is None else id_part(event_id)
+    return f"{id_part(user)}:{ref}"
+
+
+def episode_id(user: str, started_at: int, number: int) -> str:
+    """The id of a user's `number`-th closed episode."""
+    return f"{id_part(user)}:{started_at}/{number}"
+
+
+def prediction_message(user: str, step: Step, seq: int) -> dict[str, Any] | None:
     """The `oracular.predictions` message for one applied event, or None if nothing changed.
 
     Args:
         user: the user id.
         step: the engine's step for the event.
-        source_ref: the event's id, else its source offset (Kafka) or line index (files).
+        seq: how many inputs the user has had applied, this one included.
     """
     if not step.predictions:
         return None
@@ -41,7 +67,7 @@ def prediction_message(user: str, step: Step, source_ref: str | int) -> dict[str
             entry["before_outcome"] = {"p": wiped.p, "lower": wiped.lower}
         intents[name] = entry
     return {
-        "id": f"{user}:{event.id if event.id is not None else source_ref}",
+        "id": prediction_id(user, event.id, seq),
         "user": user,
         "at": step.at,
         "type": event.type,
@@ -59,10 +85,10 @@ def _prediction_fields(prediction: Prediction) -> dict[str, Any]:
     }
 
 
-def episode_message(user: str, closed: ClosedEpisode) -> dict[str, Any]:
-    """The `oracular.episodes` message for a closed episode."""
+def episode_message(user: str, closed: ClosedEpisode, number: int) -> dict[str, Any]:
+    """The `oracular.episodes` message for the user's `number`-th closed episode."""
     return {
-        "id": f"{user}:{closed.started_at}",
+        "id": episode_id(user, closed.started_at, number),
         "user": user,
         "started_at": closed.started_at,
         "closed_at": closed.closed_at,

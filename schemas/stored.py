@@ -1,13 +1,29 @@
 """The state table's values: one user's engine state plus what the worker needs around it.
 
-    [STORED_VERSION, partition, last_offset, deadline | None, state_record]
+Version 2 (written by this worker):
+
+    [2, partition, last_offset, open_since, state_record, inputs, episodes, clock, timer_close]
 
 - `partition` and `last_offset`: the source partition and offset of the last input applied;
   an input at or below `last_offset` was already applied (a redelivery) and is skipped.
-- `deadline`: when the open episode times out (last event + episodeTimeout), so the worker
-  rebuilds its timer index on assignment without decoding every state.
+- `open_since`: the last event time of the open episode (None when none is open), so the
+  worker rebuilds its timer index on assignment without decoding every state. The deadline
+  is computed from it with the *current* `episodeTimeout`, so a changed timeout applies to
+  episodes that were already open.
 - `state_record`: `engine.state_to_record(state, include_config=False)`; the config is the
   worker's. Packed with the C msgpack codec (same bytes as `engine.serialize`, faster).
+- `inputs`, `episodes`: how many inputs were applied to the user and how many of its
+  episodes closed. Output ids are built from them (see `schemas.outputs`), so they are the
+  same in a live run, a backfill and a replay of the same events.
+- `clock`: the user's latest event time as far as it may move its partition's watermark
+  (capped for clocks running ahead, see docs/time.md); the partition's watermark after a
+  restart is the largest of these.
+- `timer_close`: when the timer (not the user's own event) closed the user's last episode,
+  its close time, else None. A later event of the user at or before it shows the close came
+  too early: counted as `closed_early` (see docs/time.md).
+
+Version 1 (`[1, partition, last_offset, deadline, state_record]`) is still read: the missing
+fields are derived from the state (inputs and episodes start at 0).
 """
 
 from __future__ import annotations
@@ -23,10 +39,11 @@ from engine import (
     StateFormatError,
     state_from_record,
     state_to_record,
-    timeout_deadline,
 )
 
-STORED_VERSION: Final = 1
+STORED_VERSION: Final = 2
+_V1_LENGTH: Final = 5
+_V2_LENGTH: Final = 9
 
 
 @dataclass(slots=True)
@@ -37,14 +54,42 @@ class StoredUser:
     partition: int
     last_offset: int
     """Source offset of the last input applied (−1: none yet)."""
+    inputs: int = 0
+    """Inputs applied to this user so far."""
+    episodes: int = 0
+    """Episodes of this user closed so far."""
+    clock: int | None = None
+    """The latest event time of this user that counts toward its partition's watermark."""
+    timer_close: int | None = None
+    """The close time of the user's last episode when the timer closed it, else None."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredIndex:
+    """What the timer index needs of a stored user, read without decoding its state."""
+
+    partition: int
+    open_since: int | None
+    """The open episode's last event time, or None."""
+    clock: int | None
+    """See `StoredUser.clock`."""
 
 
 def encode_stored(user: StoredUser) -> bytes:
     """The table value for `user`."""
     record = state_to_record(user.state, include_config=False)
-    deadline = timeout_deadline(user.state)
     value: bytes = msgpack.packb(
-        [STORED_VERSION, user.partition, user.last_offset, deadline, record]
+        [
+            STORED_VERSION,
+            user.partition,
+            user.last_offset,
+            user.state.episode.last_event_at if user.state.episode.started_at is not None else None,
+            record,
+            user.inputs,
+            user.episodes,
+            user.clock,
+            user.timer_close,
+        ]
     )
     return value
 
@@ -55,14 +100,46 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     Raises:
         StateFormatError: the bytes are not a stored user (or a newer version).
     """
-    _, partition, last_offset, _, record = _header(raw)
-    return StoredUser(state_from_record(record, config=config), partition, last_offset)
+    value = _header(raw)
+    try:
+        state = state_from_record(value[4], config=config)
+    except StateFormatError:
+        raise
+    except Exception as exc:
+        msg = f"stored state is unreadable: {type(exc).__name__}: {exc}"
+        raise StateFormatError(msg) from exc
+    if value[0] == 1:
+        return StoredUser(state, value[1], value[2], clock=state.clock)
+    return StoredUser(state, value[1], value[2], value[5], value[6], value[7], value[8])
 
 
-def stored_deadline(raw: bytes) -> tuple[int, int | None]:
-    """(partition, timeout deadline) of a table value, for rebuilding the timer index."""
-    _, partition, _, deadline, _ = _header(raw)
-    return partition, deadline
+def stored_index(raw: bytes) -> StoredIndex:
+    """The partition, open episode and clock of a table value, for rebuilding the timer index.
+
+    Version 1 values store a deadline computed with the timeout of the day they were written;
+    their state is decoded instead, so a changed timeout applies to them too.
+    """
+    value = _header(raw)
+    if value[0] == 1:
+        episode = _v1_episode(value[4])
+        return StoredIndex(value[1], episode[0], episode[1])
+    return StoredIndex(value[1], value[3], value[7])
+
+
+def _v1_episode(record: Any) -> tuple[int | None, int | None]:
+    """(open episode's last event time, clock) of a version-1 value's state record.
+
+    The record is `[version, config, clock, episode_started_at, episode_last_event_at, ...]`
+    (see `engine.serialize`); only those three fields are read.
+    """
+    if not isinstance(record, list) or len(record) < 5:
+        msg = "stored state record is not a [version, config, clock, started, last, ...] array"
+        raise StateFormatError(msg)
+    clock, started, last = record[2], record[3], record[4]
+    if not all(v is None or isinstance(v, int) for v in (clock, started, last)):
+        msg = "stored state record has a time that is not an integer"
+        raise StateFormatError(msg)
+    return (last if started is not None else None), clock
 
 
 def _header(raw: bytes) -> list[Any]:
@@ -71,8 +148,8 @@ def _header(raw: bytes) -> list[Any]:
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         msg = f"stored state is not msgpack: {exc}"
         raise StateFormatError(msg) from exc
-    if not isinstance(value, list) or len(value) != 5 or not isinstance(value[0], int):
-        msg = "stored state is not a [version, partition, offset, deadline, state] array"
+    if not isinstance(value, list) or not value or not isinstance(value[0], int):
+        msg = "stored state is not a [version, partition, offset, ...] array"
         raise StateFormatError(msg)
     if value[0] > STORED_VERSION:
         msg = (
@@ -80,4 +157,22 @@ def _header(raw: bytes) -> list[Any]:
             f"({STORED_VERSION}); deploy the newer worker or reset the app id"
         )
         raise StateFormatError(msg)
+    expected = _V1_LENGTH if value[0] == 1 else _V2_LENGTH
+    if value[0] < 1 or len(value) != expected or not _ints(value):
+        msg = f"stored state version {value[0]} does not have its {expected} fields"
+        raise StateFormatError(msg)
     return value
+
+
+def _ints(value: list[Any]) -> bool:
+    """The header fields are ints (or None where allowed), as this module writes them."""
+    ok = isinstance(value[1], int) and isinstance(value[2], int)
+    if value[0] == 1:
+        return ok and (value[3] is None or isinstance(value[3], int))
+    optional = (value[3], value[7], value[8])
+    return (
+        ok
+        and isinstance(value[5], int)
+        and isinstance(value[6], int)
+        and all(v is None or isinstance(v, int) for v in optional)
+    )

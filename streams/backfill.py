@@ -2,10 +2,12 @@
 
 A backfill runs the normal worker under a fresh app id (its own consumer group, state and
 changelog), from the beginning of the input topic (or from `--since`), up to the end offsets
-captured when it starts. Event time drives it exactly as in a live worker: while a partition
-is catching up only event time closes episodes, so nothing closes early; once a partition
-reaches its end offset, one more tick closes what is due by then (wall clock minus the grace).
-Output ids derive from the events, so running the same backfill twice gives identical ids.
+captured when it starts. The processor is the live worker's; only time differs: a backfill
+closes no episode until a partition has reached its end offset (users' own events still close
+theirs), then one more tick closes what is due by then: the later of the partition's newest
+event time and the wall clock, minus the lateness (docs/time.md). So a backfill equals
+`oracular replay --until` that watermark, whatever the order of the topic, and output ids
+derive from the events, so running the same backfill twice gives identical ids.
 """
 
 from __future__ import annotations

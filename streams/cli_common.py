@@ -19,7 +19,9 @@ WORKER_FLAGS = [
     ("--partitions", "ORACULAR_PARTITIONS", "partitions of every product topic (default 8)"),
     ("--topic-prefix", "ORACULAR_TOPIC_PREFIX", "topic names <prefix>.events etc."),
     ("--tick-interval", "ORACULAR_TICK_INTERVAL_S", "seconds between timer ticks (default 1)"),
-    ("--grace-ms", "ORACULAR_GRACE_MS", "wall-clock grace for in-flight events (10000)"),
+    ("--lateness-ms", "ORACULAR_LATENESS_MS", "watermark lag behind event time (120000)"),
+    ("--idle-ms", "ORACULAR_IDLE_MS", "idle time before the wall clock runs (30000)"),
+    ("--max-skew-ms", "ORACULAR_MAX_SKEW_MS", "event time ahead of record time (60000)"),
     ("--output-format", "ORACULAR_OUTPUT_FORMAT", "msgpack (default) or json"),
     ("--web-port", "ORACULAR_WEB_PORT", "serve Faust's web views on this port"),
 ]

@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, Final, TextIO
 
-from engine import END_OF_TIME, EngineConfig, EngineError, Event, Replayer, serialize
+from engine import END_OF_TIME, Event
 from schemas.config import load_config
 from schemas.events import DecodeError
 from schemas.events import _time as parse_time
 from schemas.files import (
-    CsvColumns,
     EventFileError,
-    FileFormat,
     file_format,
     read_lines,
     read_sorted_events,
     write_jsonl,
 )
-from schemas.outputs import DLQ, EPISODES, PREDICTIONS, episode_message, prediction_message
+from schemas.outputs import DLQ, EPISODES, PREDICTIONS
 from streams.cli_common import EXIT_USAGE, columns, csv_arguments
+from streams.offline import OfflineRun, encoded_state
+from streams.processor import DLQ as DLQ_ROLE
+from streams.processor import EPISODES as EPISODES_ROLE
+from streams.processor import PREDICTIONS as PREDICTIONS_ROLE
+from streams.processor import Output
 from streams.progress import Progress
 
 
@@ -167,82 +169,38 @@ def run_replay(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     total = None if args.events == "-" else source.stat().st_size
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
-    run = ReplayRun(config, out, str(source), Progress("replay", total, enabled=not args.quiet))
+    config_run = OfflineRun(config, str(source))
+    progress = Progress("replay", total, enabled=not args.quiet)
     try:
-        run.feed(handle, file_format(source, args.format), columns(args))
-        run.finish(until)
+        for line in read_lines(handle, file_format(source, args.format), columns(args)):
+            progress.advance(handle.tell() if handle.seekable() else 0)
+            _write(out, config_run.feed_line(line))
+        _write(out, config_run.finish(until))
     finally:
         if out is not sys.stdout:
             out.close()
         if handle is not sys.stdin.buffer:
             handle.close()
-    run.progress.close()
+    progress.close()
     if args.states:
-        _write_states(run.replayer, args.states)
+        with open(args.states, "w", encoding="utf-8") as states:
+            for user, state in config_run.states().items():
+                write_jsonl(states, {"user": user, "state": encoded_state(state)}, "states")
     if not args.quiet:
-        summary = ", ".join(f"{k} {v:,}" for k, v in run.counts.items())
-        print(f"replay: {summary}, users {len(run.replayer.states):,}", file=sys.stderr)
+        counts = config_run.counts
+        shown = ("applied", "late", "ignored", "dead_lettered", "predictions", "episodes")
+        summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
+        print(f"replay: {summary}, users {len(config_run.table.values):,}", file=sys.stderr)
     return 0
 
 
-class ReplayRun:
-    """One replay: feeds file lines to a Replayer and writes every output as a JSON line."""
-
-    def __init__(self, config: EngineConfig, out: TextIO, source: str, progress: Progress) -> None:
-        """Write to `out`; `source` names the input in dead-letter records."""
-        self.replayer = Replayer(config)
-        self.out, self.source, self.progress = out, source, progress
-        self.counts = dict.fromkeys(
-            ("applied", "late", "ignored", "dead-lettered", "predictions", "episodes"), 0
-        )
-
-    def feed(self, handle: BinaryIO, fmt: FileFormat, columns: CsvColumns) -> None:
-        """Apply every message of the file; bad ones are dead-lettered with the reason."""
-        for line in read_lines(handle, fmt, columns):
-            self.progress.advance(handle.tell() if handle.seekable() else 0)
-            if line.ignored:
-                self.counts["ignored"] += 1
-            elif line.event is None:
-                self.dead_letter(line.error or "undecodable", line.index, line.raw)
-            else:
-                self.apply(line.event, line.index, line.raw)
-
-    def apply(self, event: Event, index: int, raw: bytes) -> None:
-        """Apply one event and write its closed episode and changed predictions."""
-        try:
-            step = self.replayer.feed(event)
-        except (EngineError, ValueError) as exc:
-            self.dead_letter(str(exc), index, raw)
-            return
-        self.counts["applied"] += 1
-        self.counts["late"] += step.late
-        if step.closed is not None:
-            self.write(episode_message(event.user, step.closed), EPISODES, "episodes")
-        message = prediction_message(event.user, step, index)
-        if message is not None:
-            self.write(message, PREDICTIONS, "predictions")
-
-    def finish(self, until: int) -> None:
-        """Close the episodes due by the final watermark."""
-        for user, closed in self.replayer.close_due(until):
-            self.write(episode_message(user, closed), EPISODES, "episodes")
-
-    def dead_letter(self, error: str, index: int, raw: bytes) -> None:
-        """Write a DLQ record: the reason, the file and message index, the original bytes."""
-        record = {"error": error, "source": self.source, "offset": index, "value": raw}
-        self.write(record, DLQ, "dead-lettered")
-
-    def write(self, message: dict[str, Any], topic: str, counter: str) -> None:
-        """Write one output line and count it."""
-        write_jsonl(self.out, message, topic)
-        self.counts[counter] += 1
+_TOPICS: Final = {PREDICTIONS_ROLE: PREDICTIONS, EPISODES_ROLE: EPISODES, DLQ_ROLE: DLQ}
 
 
-def _write_states(replayer: Replayer, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for user, state in replayer.states.items():
-            blob = base64.b64encode(serialize(state, include_config=False)).decode()
-            write_jsonl(handle, {"user": user, "state": blob}, "states")
+def _write(out: TextIO, outputs: list[Output]) -> None:
+    """Each output as a JSON line with its topic (as `oracular tail` shows live outputs)."""
+    for output in outputs:
+        write_jsonl(out, output.message, _TOPICS[output.role])
 
 
 def run_tune(args: argparse.Namespace) -> int:

@@ -1,18 +1,30 @@
 """The worker's decisions, without Faust: apply input messages and ticks to per-user states.
 
 The Faust agent (`streams/app.py`) hands each batch of messages to `Processor.run_batch` with a
-`Batch` that reads and writes the state table; the processor decodes, deduplicates, applies the
-engine, decides the outputs and keeps the timer's deadline index. Everything here is
-synchronous and testable with a dict as the table.
+`Batch` that reads and writes the state table; `oracular replay` (`streams/offline.py`) feeds
+file lines to the same `Processor` with a dict as the table. The processor decodes,
+deduplicates, applies the engine, decides the outputs and keeps each partition's clock and
+the timer's deadline index, so the worker, a backfill and a replay decide every output in one
+place. Everything here is synchronous and testable with a dict as the table.
 
 Per message, exactly one of: applied, skipped as a duplicate (its offset is at or below the
 user's last applied offset), ignored (a Segment message with no event), or dead-lettered with
-the reason. Nothing raises out of `run_batch` for a bad message.
+the reason. Nothing raises out of `run_batch` for a bad message, and nothing a message carries
+can stop its partition: an unexpected error in one message's handling is caught at that
+message, dead-lettered and counted.
+
+Time (docs/time.md): each partition has a watermark, the largest event time applied on it
+minus the allowed lateness. The wall clock moves it only while the partition is caught up and
+idle, and an event time that runs ahead of its record's timestamp moves it only as far as the
+record's timestamp plus the allowed clock skew. A tick closes the episodes whose deadline
+(last event + episodeTimeout) is before the watermark, *at* that deadline, exactly as the
+user's next event would close them.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,23 +35,79 @@ import msgpack
 from engine import (
     EngineConfig,
     EngineError,
+    Event,
+    StateFormatError,
     apply_event,
     close_if_due,
     create_state,
-    timeout_deadline,
 )
 from schemas.events import DecodeError, IgnoredMessage, decode_event
-from schemas.outputs import Format, dlq_message, encode_output, episode_message, prediction_message
-from schemas.stored import StoredUser, decode_stored, encode_stored, stored_deadline
+from schemas.outputs import (
+    Format,
+    dlq_message,
+    encode_output,
+    episode_message,
+    prediction_message,
+)
+from schemas.stored import StoredUser, decode_stored, encode_stored, stored_index
+
+log = logging.getLogger(__name__)
 
 HANDLED: Final = ("applied", "duplicates", "dead_lettered", "ignored")
 """Every consumed input message is counted as exactly one of these."""
-REPORTED: Final = (*HANDLED, "late", "predictions", "episodes", "closed_by_timer", "ticks")
+REPORTED: Final = (
+    *HANDLED,
+    "late",
+    "predictions",
+    "episodes",
+    "closed_by_timer",
+    "ticks",
+    "behind_watermark",
+    "closed_early",
+    "clock_ahead",
+    "quarantined",
+    "internal_errors",
+    "gaps",
+)
 """The counters the worker's summary line shows, in order."""
 
 PREDICTIONS: Final = "predictions"
 EPISODES: Final = "episodes"
 DLQ: Final = "dlq"
+
+_CLOSED_EARLY_LOGGED: Final = 20
+"""The first this many `closed_early` inputs are logged one by one, then every 1,000th."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimePolicy:
+    """How a partition's watermark moves (docs/time.md has the contract)."""
+
+    lateness_ms: int = 120_000
+    """The watermark trails the largest event time by this: disorder across users within it
+    changes nothing. Product SDKs batch events for up to a minute; two covers that."""
+    idle_ms: int = 30_000
+    """A caught-up partition with no input for this long lets the wall clock run its clock on
+    from its newest event time, so silent users close on time in live traffic."""
+    max_skew_ms: int = 60_000
+    """An event time may run ahead of its record's timestamp (and of the worker's clock) by
+    this before it stops moving the watermark: one client's wrong clock closes nobody else's
+    episode."""
+    hold_until_end: bool = False
+    """A bounded run (backfill, replay) closes nothing until a partition reached its end, so
+    its outputs do not depend on the order of the topic at all."""
+
+
+@dataclass(slots=True)
+class PartitionClock:
+    """One input partition's time."""
+
+    event_time: int | None = None
+    """The largest event time applied on it (capped for clocks running ahead)."""
+    last_input_wall: int | None = None
+    """Wall time (ms) the partition last had input, or was assigned to this worker."""
+    watermark: int | None = None
+    """The highest watermark a tick has closed episodes at."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +131,8 @@ class Output:
     role: str
     key: bytes | None
     value: bytes
+    message: dict[str, Any] = field(default_factory=dict, compare=False)
+    """The message before encoding (offline runs write it as a JSON line)."""
 
 
 class Table:
@@ -94,7 +164,11 @@ class Batch:
     outputs: list[Output] = field(default_factory=list)
 
     def slot(self, key: bytes, message: InMessage) -> _Slot:
-        """The user's state for this batch, read from the table the first time."""
+        """The user's state for this batch, read from the table the first time.
+
+        Raises:
+            StateFormatError: the stored value cannot be read (it is left as it is).
+        """
         slot = self.slots.get(key)
         if slot is None:
             raw = self.table.get(key, message.context)
@@ -114,7 +188,7 @@ class Batch:
 
 
 class Processor:
-    """Applies batches of messages; keeps watermarks, the deadline index and the counters."""
+    """Applies batches of messages; keeps partition clocks, the deadline index and counters."""
 
     def __init__(
         self,
@@ -122,25 +196,31 @@ class Processor:
         *,
         events_topic: str,
         ticks_topic: str,
-        grace_ms: int,
+        time: TimePolicy | None = None,
         output_format: Format = "msgpack",
         stop_offsets: Mapping[int, int] | None = None,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown."""
         self.config = config
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
-        self.grace_ms = grace_ms
+        self.time = time or TimePolicy()
         self.output_format: Format = output_format
         self.stop_offsets = stop_offsets
         """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
-        self.event_time: dict[int, int] = {}
-        """Partition -> the largest event time applied on it (its event-time watermark)."""
+        self.clocks: dict[int, PartitionClock] = {}
         self.next_offset: dict[int, int] = {}
         """Partition -> the next input offset to handle: one past the highest handled, or
         the committed offset when the partition was assigned (`expect`)."""
+        self.open: dict[int, dict[bytes, int]] = {}
+        """Partition -> user key -> the timeout deadline of the user's open episode."""
         self.deadlines: dict[int, list[tuple[int, bytes]]] = {}
-        """Partition -> heap of (timeout deadline, user key); stale entries are skipped."""
+        """Partition -> heap of (deadline, user key). An entry whose deadline is no longer
+        the user's (in `open`) is stale and skipped; the heap is compacted when stale entries
+        outnumber live ones, so it holds at most about two entries per open episode."""
+        self.quarantined: set[bytes] = set()
+        """Users whose stored state cannot be read: their inputs are dead-lettered."""
+        self._gap_logged: dict[int, int] = {}
 
     def handled(self) -> int:
         """Input messages handled so far (applied, duplicates, dead-lettered or ignored)."""
@@ -158,61 +238,101 @@ class Processor:
         messages: Iterable[InMessage],
         caught_up: Callable[[int], bool],
         wall_ms: Callable[[], int],
-    ) -> dict[int, int]:
-        """Apply `messages` in order; outputs and writes accumulate in `batch`.
-
-        Returns:
-            Partition -> offset to re-read from, for each partition whose input skipped
-            ahead (see `_skipped_ahead`). Its messages from the first one past the hole on
-            were not applied: the caller must seek back and must not ack them.
-        """
-        rewinds: dict[int, int] = {}
+    ) -> None:
+        """Apply `messages` in order; outputs and writes accumulate in `batch`."""
         for message in messages:
             partition = message.partition
             if message.topic == self.ticks_topic:
                 self.on_tick(batch, message, caught_up(partition), wall_ms())
-            elif partition in rewinds or self._skipped_ahead(message):
-                rewinds.setdefault(partition, self.next_offset[partition])
-                self.counts["rewound"] += 1
-            elif self._beyond_end(message):
+                continue
+            if self._beyond_end(message):
                 self.counts["beyond_end"] += 1
-            else:
-                self.on_input(batch, message)
-                self.next_offset[partition] = max(
-                    self.next_offset.get(partition, 0), message.offset + 1
-                )
-        return rewinds
+                continue
+            self._check_contiguous(message)
+            self.on_input(batch, message, wall_ms())
+            self.next_offset[partition] = max(
+                self.next_offset.get(partition, 0), message.offset + 1
+            )
 
-    def _skipped_ahead(self, message: InMessage) -> bool:
-        """True when `message` comes after a hole: earlier offsets were never delivered.
+    def _check_contiguous(self, message: InMessage) -> None:
+        """Count (and log once per hole) input offsets that were never delivered.
 
-        Input offsets are contiguous here (no transactions, no compaction on the input), so
-        a message past the next expected offset means Faust dropped messages in between.
-        faust-streaming 0.15.3 does that around rebalances: its fetch loop drops a message
-        below the highest offset it has read, and marks holes as acked. Applying the later
-        message would break the user's order and, worse, make the missing ones look like
-        redeliveries; so it is not applied, and the partition is re-read from the hole.
+        Offsets of a partition are contiguous unless the log itself has holes: transaction
+        markers and aborted records (read_committed), compaction, or retention deleting input
+        before it was read. Those are real and nothing is missing, so the message is applied.
+        (Faust's own drop of fetched input around rebalances is fixed in
+        `streams/faust_patches.py`; this count is the cheap check that it stays fixed.)
         """
         expected = self.next_offset.get(message.partition)
-        return expected is not None and message.offset > expected
+        if expected is None or message.offset <= expected:
+            return
+        self.counts["gaps"] += 1
+        if self._gap_logged.get(message.partition) != expected:
+            self._gap_logged[message.partition] = expected
+            log.info(
+                "input partition %s: offsets %s..%s were not delivered (transaction markers, "
+                "compaction or retention); going on",
+                message.partition,
+                expected,
+                message.offset - 1,
+            )
 
     def _beyond_end(self, message: InMessage) -> bool:
         stop = self.stop_offsets
         return stop is not None and message.offset >= stop.get(message.partition, 0)
 
-    def on_input(self, batch: Batch, message: InMessage) -> None:
-        """Decode, check, deduplicate and apply one input message."""
+    def on_input(self, batch: Batch, message: InMessage, wall_ms: int | None = None) -> None:
+        """Decode, check, deduplicate and apply one input message; never raises."""
+        clock = self._clock(message.partition)
+        if wall_ms is not None:
+            clock.last_input_wall = wall_ms
         try:
-            event = decode_event(message.value or b"", fallback_ts=message.timestamp_ms)
+            try:
+                event = decode_event(message.value or b"", fallback_ts=message.timestamp_ms)
+            except IgnoredMessage:
+                self.counts["ignored"] += 1
+                return
+            except DecodeError as exc:
+                self.dead_letter(batch, message, str(exc))
+                return
+            self.apply(batch, message, event, wall_ms)
+        except Exception as exc:
+            self.counts["internal_errors"] += 1
+            log.exception(
+                "input %s:%s:%s could not be handled; dead-lettered",
+                message.topic,
+                message.partition,
+                message.offset,
+            )
+            self.dead_letter(batch, message, f"internal error: {type(exc).__name__}: {exc}")
+
+    def apply(
+        self, batch: Batch, message: InMessage, event: Event, wall_ms: int | None = None
+    ) -> None:
+        """Apply one decoded input to its user (the worker's and the offline runs' path).
+
+        All that can fail (the key check, reading the state, the engine, encoding the
+        outputs) happens before the batch changes, so a failure dead-letters the message
+        and leaves the user as it was.
+        """
+        try:
             key = _user_key(message.key, event.user)
-        except IgnoredMessage:
-            self.counts["ignored"] += 1
-            return
         except DecodeError as exc:
             self.dead_letter(batch, message, str(exc))
             return
-        slot = batch.slot(key, message)
-        if message.offset <= slot.user.last_offset:
+        if key in self.quarantined:
+            self.dead_letter(batch, message, _quarantine_reason(event.user, "see earlier"))
+            return
+        try:
+            slot = batch.slot(key, message)
+        except StateFormatError as exc:
+            self.quarantined.add(key)
+            self.counts["quarantined"] = len(self.quarantined)
+            log.error("user %r quarantined: its stored state is unreadable: %s", event.user, exc)
+            self.dead_letter(batch, message, _quarantine_reason(event.user, str(exc)))
+            return
+        user = slot.user
+        if message.offset <= user.last_offset:
             # A redelivery after a crash. The local store already has this input, but its
             # changelog record may not have left before the crash: write the state again so
             # a restore from the changelog cannot fall behind the committed offsets.
@@ -220,56 +340,152 @@ class Processor:
             slot.dirty = True
             return
         try:
-            step = apply_event(slot.user.state, event)
-        except (EngineError, ValueError) as exc:
+            step = apply_event(user.state, event)
+        except EngineError as exc:
             self.dead_letter(batch, message, str(exc))
             return
-        slot.user = StoredUser(step.state, message.partition, message.offset)
+        inputs = user.inputs + 1
+        episodes = user.episodes + (step.closed is not None)
+        outputs = []
+        if step.closed is not None:
+            outputs.append(
+                self._output(EPISODES, key, episode_message(event.user, step.closed, episodes))
+            )
+        predictions = prediction_message(event.user, step, inputs)
+        if predictions is not None:
+            outputs.append(self._output(PREDICTIONS, key, predictions))
+        # Nothing below can fail: commit the input to the batch.
+        partition = message.partition
+        clock = self._clock(partition)
+        moves = self._watermark_time(event.at, message.timestamp_ms, wall_ms)
+        self._count_time(event, step.at, user, clock)
+        if moves < event.at:
+            self.counts["clock_ahead"] += 1
+        if clock.event_time is None or moves > clock.event_time:
+            clock.event_time = moves
+        slot.user = StoredUser(
+            step.state,
+            partition,
+            message.offset,
+            inputs,
+            episodes,
+            moves if user.clock is None else max(user.clock, moves),
+            user.timer_close if event.type == "revealed" else None,
+        )
         slot.context = message.context
         slot.dirty = True
         self.counts["applied"] += 1
         self.counts["late"] += step.late
-        previous = self.event_time.get(message.partition)
-        if previous is None or step.at > previous:
-            self.event_time[message.partition] = step.at
-        if step.closed is not None:
-            self._emit(batch, EPISODES, key, episode_message(event.user, step.closed))
-        predictions = prediction_message(event.user, step, message.offset)
-        if predictions is not None:
-            self._emit(batch, PREDICTIONS, key, predictions)
-        self._index(message.partition, key, step.state)
+        for output in outputs:
+            self.counts[output.role] += 1
+        batch.outputs.extend(outputs)
+        self._index(partition, key, slot.user)
+
+    def _watermark_time(self, at: int, record_ms: int | None, wall_ms: int | None) -> int:
+        """How far an event at `at` may move its partition's watermark (docs/time.md)."""
+        limit = at
+        skew = self.time.max_skew_ms
+        if record_ms is not None and record_ms > 0:
+            limit = min(limit, record_ms + skew)
+        if wall_ms is not None:
+            limit = min(limit, wall_ms + skew)
+        return limit
+
+    def _count_time(self, event: Event, at: int, user: StoredUser, clock: PartitionClock) -> None:
+        """Count inputs outside the live = replay contract (docs/time.md)."""
+        if clock.watermark is not None and event.at < clock.watermark:
+            self.counts["behind_watermark"] += 1
+        if event.type != "revealed" and user.timer_close is not None and at <= user.timer_close:
+            # The timer closed this user's episode at `timer_close`, and this input is not
+            # later than that: a replay would have kept the episode open for it.
+            self.counts["closed_early"] += 1
+            n = self.counts["closed_early"]
+            if n <= _CLOSED_EARLY_LOGGED or n % 1000 == 0:
+                log.warning(
+                    "user %r: input at %s arrived after the timer closed the episode at %s "
+                    "(arrived later than the allowed lateness); it starts a new episode, "
+                    "where a replay would have kept one (closed_early=%s)",
+                    event.user,
+                    at,
+                    user.timer_close,
+                    n,
+                )
+
+    # --- time ----------------------------------------------------------------------------
+
+    def watermark(self, partition: int, caught_up: bool, now_ms: int) -> int | None:
+        """The partition's watermark at wall time `now_ms` (None: nothing may close yet).
+
+        The largest event time minus the lateness; while the partition is caught up and has
+        been idle for the idle time, its clock runs on from that event time with the wall
+        clock (never past the wall clock). A bounded run holds everything until its end.
+        """
+        policy = self.time
+        clock = self._clock(partition)
+        newest = clock.event_time
+        if policy.hold_until_end:
+            if not caught_up:
+                return None
+            end = now_ms if newest is None else max(newest, now_ms)
+            return end - policy.lateness_ms
+        watermark = None if newest is None else newest - policy.lateness_ms
+        quiet_since = clock.last_input_wall
+        if caught_up and quiet_since is not None and now_ms - quiet_since >= policy.idle_ms:
+            runs_to = now_ms if newest is None else min(newest + now_ms - quiet_since, now_ms)
+            idle = runs_to - policy.lateness_ms
+            watermark = idle if watermark is None else max(watermark, idle)
+        return watermark
 
     def on_tick(self, batch: Batch, message: InMessage, caught_up: bool, wall_ms: int) -> None:
-        """Close the due episodes of the tick's partition.
-
-        The watermark is the partition's event time; while the partition is caught up, wall
-        clock minus the grace joins it, so silent users close on time live while a replay or
-        backfill closes nothing early. Closes are at last event + timeout either way.
-        """
+        """Close the due episodes of the tick's partition at its watermark."""
         self.counts["ticks"] += 1
+        now = _tick_time(message.value) or wall_ms
+        watermark = self.watermark(message.partition, caught_up, now)
+        if watermark is not None:
+            self.close_due(batch, message, watermark)
+
+    def close_due(self, batch: Batch, message: InMessage, watermark: int) -> int:
+        """Close the episodes of `message`'s partition due before `watermark`; how many."""
         partition = message.partition
-        watermark = self.event_time.get(partition)
-        if caught_up:
-            sent_at = _tick_time(message.value) or wall_ms
-            wall = sent_at - self.grace_ms
-            watermark = wall if watermark is None else max(watermark, wall)
+        clock = self._clock(partition)
+        if clock.watermark is None or watermark > clock.watermark:
+            clock.watermark = watermark
         heap = self.deadlines.get(partition)
-        if watermark is None or not heap:
-            return
+        live = self.open.get(partition, {})
+        closed = 0
         while heap and heap[0][0] < watermark:
             deadline, key = heapq.heappop(heap)
-            slot = batch.slot(key, message)
-            if timeout_deadline(slot.user.state) != deadline:
-                continue  # a later event moved the deadline; its own entry is in the heap
+            if live.get(key) != deadline:
+                continue  # stale: a later event moved the deadline; its own entry is in the heap
+            del live[key]
+            try:
+                slot = batch.slot(key, message)
+            except StateFormatError:
+                continue  # counted and dead-lettered when an input of the user arrives
             transition = close_if_due(slot.user.state, watermark)
             if transition.closed is None:
                 continue
             user = slot.user
-            slot.user = StoredUser(transition.state, user.partition, user.last_offset)
+            number = user.episodes + 1
+            output = self._output(
+                EPISODES, key, episode_message(key.decode(), transition.closed, number)
+            )
+            slot.user = StoredUser(
+                transition.state,
+                user.partition,
+                user.last_offset,
+                user.inputs,
+                number,
+                user.clock,
+                transition.closed.closed_at,
+            )
             slot.context = message.context
             slot.dirty = True
             self.counts["closed_by_timer"] += 1
-            self._emit(batch, EPISODES, key, episode_message(key.decode(), transition.closed))
+            self.counts[EPISODES] += 1
+            batch.outputs.append(output)
+            closed += 1
+        return closed
 
     def dead_letter(self, batch: Batch, message: InMessage, error: str) -> None:
         """Publish the message to the dead-letter topic with the reason and its origin."""
@@ -282,49 +498,103 @@ class Processor:
             key=message.key,
             value=message.value,
         )
-        batch.outputs.append(Output(DLQ, message.key, encode_output(record, "msgpack")))
+        batch.outputs.append(Output(DLQ, message.key, encode_output(record, "msgpack"), record))
 
-    # --- the deadline index --------------------------------------------------------------
+    # --- partitions and the deadline index -----------------------------------------------
 
-    def rebuild(self, items: Iterable[tuple[bytes, bytes]]) -> None:
-        """Rebuild the deadline index from the table's (key, value) pairs after recovery."""
-        self.deadlines = {}
+    def rebuild(self, items: Iterable[tuple[bytes, bytes]], wall_ms: int | None = None) -> None:
+        """Rebuild clocks and the deadline index from the table's (key, value) pairs.
+
+        Called after recovery. Each partition's event time is the largest of its users'
+        clocks, and its idle time starts now (`wall_ms`). Deadlines use the current
+        `episodeTimeout`, so a changed timeout applies to episodes already open.
+        """
+        self.open, self.deadlines = {}, {}
+        timeout = self.config.episode_timeout_ms
         for key, raw in items:
             try:
-                partition, deadline = stored_deadline(raw)
+                index = stored_index(raw)
             except EngineError:
                 self.counts["unreadable_states"] += 1
                 continue
-            if deadline is not None:
-                self.deadlines.setdefault(partition, []).append((deadline, key))
+            clock = self._clock(index.partition)
+            if wall_ms is not None:
+                clock.last_input_wall = wall_ms
+            if index.clock is not None and (
+                clock.event_time is None or index.clock > clock.event_time
+            ):
+                clock.event_time = index.clock
+            if timeout is not None and index.open_since is not None:
+                deadline = index.open_since + timeout
+                self.open.setdefault(index.partition, {})[key] = deadline
+                self.deadlines.setdefault(index.partition, []).append((deadline, key))
         for heap in self.deadlines.values():
             heapq.heapify(heap)
+
+    def open_episodes(self) -> int:
+        """Users with an open episode in the deadline index."""
+        return sum(len(users) for users in self.open.values())
+
+    def index_entries(self) -> int:
+        """Entries in the deadline heaps, stale ones included (bounded: see `deadlines`)."""
+        return sum(len(heap) for heap in self.deadlines.values())
 
     def expect(self, partition: int, offset: int) -> None:
         """Start `partition` at `offset` (its committed offset) unless it is known already."""
         self.next_offset.setdefault(partition, offset)
 
+    def assigned(self, partition: int, wall_ms: int) -> None:
+        """The partition is (again) this worker's: its idle time starts now."""
+        self._clock(partition).last_input_wall = wall_ms
+
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop the time and index of partitions this worker no longer owns."""
         for partition in partitions:
-            self.event_time.pop(partition, None)
+            self.clocks.pop(partition, None)
             self.next_offset.pop(partition, None)
+            self.open.pop(partition, None)
             self.deadlines.pop(partition, None)
+            self._gap_logged.pop(partition, None)
 
-    def _index(self, partition: int, key: bytes, state: Any) -> None:
-        deadline = timeout_deadline(state)
-        if deadline is not None:
-            heapq.heappush(self.deadlines.setdefault(partition, []), (deadline, key))
+    def _clock(self, partition: int) -> PartitionClock:
+        clock = self.clocks.get(partition)
+        if clock is None:
+            clock = self.clocks[partition] = PartitionClock()
+        return clock
 
-    def _emit(self, batch: Batch, role: str, key: bytes, message: dict[str, Any]) -> None:
-        self.counts[role] += 1
-        batch.outputs.append(Output(role, key, encode_output(message, self.output_format)))
+    def _index(self, partition: int, key: bytes, user: StoredUser) -> None:
+        live = self.open.setdefault(partition, {})
+        timeout = self.config.episode_timeout_ms
+        episode = user.state.episode
+        if timeout is None or episode.started_at is None or episode.last_event_at is None:
+            live.pop(key, None)
+            return
+        deadline = episode.last_event_at + timeout
+        if live.get(key) == deadline:
+            return
+        live[key] = deadline
+        heap = self.deadlines.setdefault(partition, [])
+        heapq.heappush(heap, (deadline, key))
+        if len(heap) > 2 * len(live) + 1024:
+            # Drop stale entries: the heap stays within about two entries per open episode.
+            heap[:] = [(d, k) for k, d in live.items()]
+            heapq.heapify(heap)
+
+    def _output(self, role: str, key: bytes, message: dict[str, Any]) -> Output:
+        return Output(role, key, encode_output(message, self.output_format), message)
+
+
+def _quarantine_reason(user: str, detail: str) -> str:
+    return (
+        f"the stored state of user {user[:64]!r} cannot be read ({detail}); it is kept as it "
+        "is and the user's inputs go to the dead-letter topic until it is repaired or reset"
+    )
 
 
 def _user_key(key: bytes | None, user: str) -> bytes:
     """The table key: the message key, which must be the user id (it decides the partition)."""
     if key is None:
-        msg = f"the message has no key: key it by the user id ({user!r}) with murmur2"
+        msg = f"the message has no key: key it by the user id ({user[:64]!r}) with murmur2"
         raise DecodeError(msg)
     try:
         text = key.decode("utf-8")

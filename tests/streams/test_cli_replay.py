@@ -49,9 +49,9 @@ def test_replay_writes_the_engine_outputs_with_topics(tmp_path):
     # u1's first episode timed out 30m after its last event (a reveal is a command, not an
     # event: it does not extend the episode); u2 signed out; u1's second closes at the end.
     assert [(m["id"], m["reason"], m["closed_at"]) for m in episodes] == [
-        (f"u1:{TS}", "timeout", TS + MIN + 30 * MIN),
-        (f"u2:{TS + MIN}", "end", TS + 3 * MIN),
-        (f"u1:{TS + 40 * MIN}", "timeout", TS + 70 * MIN),
+        (f"u1:{TS}/1", "timeout", TS + MIN + 30 * MIN),
+        (f"u2:{TS + MIN}/1", "end", TS + 3 * MIN),
+        (f"u1:{TS + 40 * MIN}/2", "timeout", TS + 70 * MIN),
     ]
     assert episodes[0]["intents"]["upgrade"] == {
         "verdict": "held",
@@ -130,8 +130,8 @@ def test_until_closes_only_what_is_due_and_states_are_written(tmp_path):
         str(states),
     )
     assert [m["id"] for m in messages if m["topic"] == "oracular.episodes"] == [
-        f"u1:{TS}",
-        f"u2:{TS + MIN}",
+        f"u1:{TS}/1",
+        f"u2:{TS + MIN}/1",
     ]
     import base64
 
