@@ -41,6 +41,7 @@ from streams.processor import (
     Batch,
     InMessage,
     Processor,
+    TimePolicy,
     Table,
     encode_tick,
 )
@@ -170,7 +171,12 @@ def create_app(
         config,
         events_topic=topics.events.name,
         ticks_topic=topics.ticks.name,
-        grace_ms=settings.grace_ms,
+        time=TimePolicy(
+            lateness_ms=settings.lateness_ms,
+            idle_ms=settings.idle_ms,
+            max_skew_ms=settings.max_skew_ms,
+            hold_until_end=backfill is not None,
+        ),
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
         stop_offsets=None if backfill is None else backfill.stop,
     )
@@ -376,10 +382,10 @@ class _Runtime:
                 await ticks.send(value=encode_tick(now), partition=tp.partition)
 
     def rebuild(self, table: Any) -> None:
-        self.processor.rebuild(table.items())
+        self.processor.rebuild(table.items(), _wall_ms())
         log.info(
             "deadline index rebuilt: %s users with an open episode",
-            sum(len(h) for h in self.processor.deadlines.values()),
+            self.processor.open_episodes(),
         )
 
     def log_summary(self) -> None:

@@ -48,8 +48,15 @@ class Settings:
     """ORACULAR_TOPIC_PREFIX / ORACULAR_TOPIC_* / ORACULAR_PARTITIONS (streams/topics.py)."""
     tick_interval_s: float = 1.0
     """ORACULAR_TICK_INTERVAL_S: how often the timer ticks each owned partition."""
-    grace_ms: int = 10_000
-    """ORACULAR_GRACE_MS: wall clock minus this joins the watermark while caught up."""
+    lateness_ms: int = 120_000
+    """ORACULAR_LATENESS_MS: the watermark trails the largest event time by this; disorder
+    across users within it changes nothing (docs/time.md)."""
+    idle_ms: int = 30_000
+    """ORACULAR_IDLE_MS: a caught-up partition without input this long runs its clock on with
+    the wall clock, so silent users close on time (docs/time.md)."""
+    max_skew_ms: int = 60_000
+    """ORACULAR_MAX_SKEW_MS: how far an event time may run ahead of its record's timestamp
+    and moves the watermark (docs/time.md)."""
     batch_max: int = 500
     """ORACULAR_BATCH_MAX: most messages applied per batch (one state read/write per user)."""
     batch_window_s: float = 0.01
@@ -83,6 +90,18 @@ class Settings:
     """ORACULAR_SSL_CERTFILE: client certificate for mutual TLS."""
     ssl_keyfile: str | None = field(default=None, repr=False)
     """ORACULAR_SSL_KEYFILE: its private key."""
+    api_host: str = "127.0.0.1"
+    """ORACULAR_API_HOST: the lookup API's bind address (docs/serving.md)."""
+    api_port: int = 6067
+    """ORACULAR_API_PORT: the lookup API's port; 0 picks a free one (logged and advertised)."""
+    api_url: str | None = None
+    """ORACULAR_API_URL: how other workers reach this one's API (default http://host:port)."""
+    api_token: str | None = field(default=None, repr=False)
+    """ORACULAR_API_TOKEN: bearer token required by every endpoint but /livez (never logged)."""
+    api_forward_timeout_s: float = 2.0
+    """ORACULAR_API_FORWARD_TIMEOUT_S: a lookup forwarded to the owning worker gives up (504)."""
+    ready_max_lag: int = 10_000
+    """ORACULAR_READY_MAX_LAG: /readyz fails while more input messages than this wait."""
 
     @property
     def state_dir(self) -> Path:
@@ -141,7 +160,9 @@ _ENV: Final = {
     "app_id": ("ORACULAR_APP_ID", str),
     "datadir": ("ORACULAR_DATADIR", Path),
     "tick_interval_s": ("ORACULAR_TICK_INTERVAL_S", float),
-    "grace_ms": ("ORACULAR_GRACE_MS", int),
+    "lateness_ms": ("ORACULAR_LATENESS_MS", int),
+    "idle_ms": ("ORACULAR_IDLE_MS", int),
+    "max_skew_ms": ("ORACULAR_MAX_SKEW_MS", int),
     "batch_max": ("ORACULAR_BATCH_MAX", int),
     "batch_window_s": ("ORACULAR_BATCH_WINDOW_S", float),
     "output_format": ("ORACULAR_OUTPUT_FORMAT", str),
@@ -158,6 +179,12 @@ _ENV: Final = {
     "ssl_cafile": ("ORACULAR_SSL_CAFILE", str),
     "ssl_certfile": ("ORACULAR_SSL_CERTFILE", str),
     "ssl_keyfile": ("ORACULAR_SSL_KEYFILE", str),
+    "api_host": ("ORACULAR_API_HOST", str),
+    "api_port": ("ORACULAR_API_PORT", int),
+    "api_url": ("ORACULAR_API_URL", str),
+    "api_token": ("ORACULAR_API_TOKEN", str),
+    "api_forward_timeout_s": ("ORACULAR_API_FORWARD_TIMEOUT_S", float),
+    "ready_max_lag": ("ORACULAR_READY_MAX_LAG", int),
 }
 """Settings field -> (environment variable, type)."""
 
@@ -173,6 +200,11 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     problems = []
+    if env.get("ORACULAR_GRACE_MS"):
+        problems.append(
+            "ORACULAR_GRACE_MS: replaced by ORACULAR_LATENESS_MS, ORACULAR_IDLE_MS and "
+            "ORACULAR_MAX_SKEW_MS (docs/time.md explains the watermark); unset it"
+        )
     for name, (var, kind) in _ENV.items():
         raw = env.get(var)
         if raw is None or raw == "":
@@ -206,8 +238,9 @@ def _check(settings: Settings) -> None:
     for name in positive:
         if getattr(settings, name) <= 0:
             problems.append(f"{ENV_VARS[name]}: must be > 0 (got {getattr(settings, name)})")
-    if settings.grace_ms < 0:
-        problems.append(f"ORACULAR_GRACE_MS: must be >= 0 (got {settings.grace_ms})")
+    for name in ("lateness_ms", "idle_ms", "max_skew_ms"):
+        if getattr(settings, name) < 0:
+            problems.append(f"{ENV_VARS[name]}: must be >= 0 (got {getattr(settings, name)})")
     if settings.standby_replicas < 0:
         problems.append("ORACULAR_STANDBY_REPLICAS: must be >= 0")
     if settings.output_format not in ("msgpack", "json"):
@@ -221,13 +254,30 @@ def _check(settings: Settings) -> None:
         settings.sasl_username and settings.sasl_password
     ):
         problems.append("ORACULAR_SASL_USERNAME and ORACULAR_SASL_PASSWORD: required for SASL")
+    problems += _check_api(settings)
     if problems:
         raise SettingsError("\n".join(problems))
 
 
+def _check_api(settings: Settings) -> list[str]:
+    """Problems with the lookup API's settings (docs/serving.md)."""
+    problems = []
+    if not 0 <= settings.api_port <= 65535:
+        problems.append(f"ORACULAR_API_PORT: must be 0-65535 (got {settings.api_port})")
+    if not settings.api_host.strip():
+        problems.append("ORACULAR_API_HOST: must be an address such as 127.0.0.1")
+    if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):
+        problems.append(f"ORACULAR_API_URL: must start with http:// (got {settings.api_url!r})")
+    if settings.api_forward_timeout_s <= 0:
+        problems.append("ORACULAR_API_FORWARD_TIMEOUT_S: must be > 0")
+    if settings.ready_max_lag < 0:
+        problems.append(f"ORACULAR_READY_MAX_LAG: must be >= 0 (got {settings.ready_max_lag})")
+    return problems
+
+
 def describe(settings: Settings) -> str:
     """One line per setting for the worker's start-up log; credentials are left out."""
-    hidden = {"sasl_username", "sasl_password", "ssl_keyfile"}
+    hidden = {"sasl_username", "sasl_password", "ssl_keyfile", "api_token"}
     return (
         "\n".join(
             f"  {f.name} = {getattr(settings, f.name)!s}"
