@@ -7,15 +7,36 @@ Native (msgpack or JSON, one object per line in files):
 Segment spec: `track` (`event`), `page` (-> "page.viewed"), `screen` (-> "screen.viewed"), with
 `userId` (else `anonymousId`), `timestamp` and `messageId`; other Segment types are ignored.
 
-Input is untrusted: sizes are limited before anything is parsed, and every rule broken gives a
-`DecodeError` that names the field.
+Input is untrusted. Whatever its bytes, `decode_event` raises only `DecodeError` (the text
+names the field and the rule) or `IgnoredMessage`; nothing it accepts can make a later
+encoder or the engine fail. The limits below are checked before or while parsing:
+
+- the message size, before anything else;
+- JSON: UTF-8 only (no byte order mark), nesting checked by a scan that skips strings *before*
+  `json.loads` (so a deep document never reaches its recursion), integers of more than 20
+  digits and long number literals never converted, NaN/Infinity and overflowing floats
+  rejected, duplicate keys rejected;
+- msgpack: `max_*_len` options bound every string, binary, array and map before it is
+  allocated; extension types are rejected; the C unpacker's own stack bounds nesting;
+- then one walk over the parsed value: nesting depth, items per map or array, string lengths,
+  string keys, lone surrogates, 64-bit integers, finite floats (with the field's path);
+- event times are whole epoch milliseconds from 1970 to the end of year 9999 (so they fit a
+  signed 64-bit integer, a JSON double exactly, and a `datetime`).
+
+JSON is recognised by its first byte: every JSON text starts with an ASCII byte, while a
+msgpack map starts with a byte >= 0x80 (a msgpack message whose first byte is ASCII is a
+single small integer), so a non-object JSON value still gets a precise reason.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import accumulate
 from typing import Any, Final
 
 import msgpack
@@ -23,14 +44,71 @@ import msgpack
 from engine import Event
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024
+"""Largest message accepted (bytes). Segment caps a message at 32 KB; twice that leaves room
+for native producers, and a dead letter of this size stays far below the producer's 1 MB."""
 MAX_STRING: Final = 512
-"""Longest user id, event name, intent or id accepted (characters)."""
+"""Longest user id, event name, intent or id accepted (characters): ids and names are short;
+longer values are payloads, and they are copied into every output and state key."""
 MAX_KEYS: Final = 256
-"""Most keys or items in any map or array of a message (Segment properties included)."""
+"""Most keys or items in any map or array of a message (Segment properties included): real
+analytics properties have tens of keys; this bounds the work per message."""
+MAX_DEPTH: Final = 16
+"""Most levels of maps/arrays below the top-level object. Segment messages nest 3-4 levels
+(context.page.*); 16 is generous and keeps every recursive walk and parser shallow."""
+MAX_TEXT: Final = 8 * 1024
+"""Longest string anywhere in a message, keys included (characters): a URL or a user agent in
+the properties fits (8 KiB is the common server limit for a URL); longer strings are blobs."""
+MAX_INT_DIGITS: Final = 20
+"""Most digits of a JSON integer: 2**64 - 1 has 20. Longer literals are rejected before
+conversion (Python's int() is slow on long strings and refuses more than 4,300 digits)."""
+MAX_NUMBER_CHARS: Final = 64
+"""Longest JSON number literal with a fraction or exponent: a double needs at most 24
+characters (-1.2345678901234567e-308); 64 allows fixed-point notation."""
+INT_MIN: Final = -(2**63)
+"""Smallest integer accepted anywhere: msgpack's (signed 64-bit) range."""
+INT_MAX: Final = 2**64 - 1
+"""Largest integer accepted anywhere: msgpack's (unsigned 64-bit) range."""
+MIN_TS: Final = 0
+"""Earliest event time (epoch ms): 1970-01-01T00:00:00Z. Analytics events predate nothing."""
+MAX_TS: Final = 253_402_300_799_999
+"""Latest event time (epoch ms): 9999-12-31T23:59:59.999Z, the last instant a `datetime` can
+hold. It fits a signed 64-bit integer with room for any timeout added to it, and is below
+2**53, so JSON consumers read it exactly."""
+MAX_ISO_CHARS: Final = 64
+"""Longest ISO-8601 time string: the longest form (microseconds and an offset) has 32."""
+MAX_MSGPACK_EXT: Final = 12
+"""Longest msgpack extension payload let through to the unpacker: a msgpack timestamp (12
+bytes), so it is reported by field; other extension types are rejected as they are read."""
 
 SEGMENT_EVENT_TYPES: Final = {"track": None, "page": "page.viewed", "screen": "screen.viewed"}
 SEGMENT_OTHER_TYPES: Final = frozenset({"identify", "group", "alias"})
 COMMANDS: Final = frozenset({"event", "end", "revealed"})
+
+_UTF8_BOM: Final = b"\xef\xbb\xbf"
+_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_JSON_KINDS: Final = {
+    "dict": "object",
+    "list": "array",
+    "str": "string",
+    "int": "number",
+    "float": "number",
+    "bool": "boolean",
+    "NoneType": "null",
+}
+_MSGPACK_KINDS: Final = {
+    "dict": "map",
+    "list": "array",
+    "str": "string",
+    "bytes": "binary",
+    "int": "integer",
+    "float": "float",
+    "bool": "boolean",
+    "NoneType": "nil",
+    "Timestamp": "timestamp",
+}
 
 
 class SchemaError(Exception):
@@ -46,64 +124,53 @@ class IgnoredMessage(SchemaError):
 
 
 def decode_event(raw: bytes, *, fallback_ts: int | None = None) -> Event:
-    """Decode one message's bytes (JSON if it starts with `{`, else msgpack) to an Event.
+    """Decode one message's bytes (JSON if it starts with an ASCII byte, else msgpack).
 
     Args:
         raw: the message value.
         fallback_ts: the Kafka record timestamp (epoch ms), used when the message has no `ts`.
 
     Raises:
-        DecodeError: the bytes or the fields break a rule.
+        DecodeError: the bytes or the fields break a rule (for any bytes, nothing else).
         IgnoredMessage: a Segment message type that carries no event.
     """
     return event_from_message(decode_message(raw), fallback_ts=fallback_ts)
 
 
 def decode_message(raw: bytes) -> dict[str, Any]:
-    """Parse the bytes of one message into a mapping, within the size limits."""
+    """Parse the bytes of one message into a mapping, within the limits (module docs)."""
     if len(raw) > MAX_MESSAGE_BYTES:
         msg = f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}"
         raise DecodeError(msg)
-    if raw.lstrip()[:1] == b"{":
-        try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            msg = f"not valid JSON: {exc}"
-            raise DecodeError(msg) from exc
-        _check_sizes(obj)
-    else:
-        try:
-            obj = msgpack.unpackb(
-                raw,
-                raw=False,
-                strict_map_key=True,
-                max_str_len=MAX_MESSAGE_BYTES,
-                max_bin_len=MAX_MESSAGE_BYTES,
-                max_array_len=MAX_KEYS,
-                max_map_len=MAX_KEYS,
-                max_ext_len=0,
-            )
-        except (
-            ValueError,
-            TypeError,
-            msgpack.ExtraData,
-            msgpack.FormatError,
-            msgpack.StackError,
-        ) as exc:
-            msg = f"not valid msgpack or JSON: {exc}"
-            raise DecodeError(msg) from exc
-    if not isinstance(obj, dict):
-        msg = f"a message must be a map/object (got {type(obj).__name__})"
+    if not raw:
+        msg = "the message is empty (0 bytes): expected a msgpack map or a JSON object"
         raise DecodeError(msg)
+    if raw.startswith(_UTF8_BOM):
+        msg = "the message starts with a UTF-8 byte order mark: send JSON without it"
+        raise DecodeError(msg)
+    if raw[0] < 0x80:
+        obj, fmt, kinds = _parse_json(raw), "JSON", _JSON_KINDS
+    else:
+        obj, fmt, kinds = _parse_msgpack(raw), "msgpack", _MSGPACK_KINDS
+    if not isinstance(obj, dict):
+        name = type(obj).__name__
+        kind = kinds.get(name, name)
+        expected = "an object" if fmt == "JSON" else "a map"
+        msg = (
+            f"a message must be a map/object (got {name}): "
+            f"the message is a {fmt} {kind}, expected {expected}"
+        )
+        raise DecodeError(msg)
+    _check_value(obj, (), 0)
     return obj
 
 
 def event_from_message(obj: Mapping[str, Any], *, fallback_ts: int | None = None) -> Event:
     """Turn a parsed message (native or Segment) into an Event."""
     kind = obj.get("type", "event")
-    if kind in SEGMENT_EVENT_TYPES or kind in SEGMENT_OTHER_TYPES:
+    if isinstance(kind, str) and (kind in SEGMENT_EVENT_TYPES or kind in SEGMENT_OTHER_TYPES):
         return _from_segment(obj, kind, fallback_ts)
-    if kind not in COMMANDS:
+    if not isinstance(kind, str) or kind not in COMMANDS:
         choices = ", ".join(sorted(COMMANDS | set(SEGMENT_EVENT_TYPES)))
         msg = f"field 'type' must be one of {choices} (got {_show(kind)})"
         raise DecodeError(msg)
@@ -121,14 +188,16 @@ def _from_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) ->
     if kind in SEGMENT_OTHER_TYPES:
         msg = f"Segment {kind!r} messages carry no event"
         raise IgnoredMessage(msg)
-    user = obj.get("userId") or obj.get("anonymousId")
+    field = "userId" if obj.get("userId") else "anonymousId"
+    user = obj.get(field)
     if not isinstance(user, str | int) or isinstance(user, bool) or user == "":
         msg = "a Segment message needs 'userId' or 'anonymousId' (a string)"
         raise DecodeError(msg)
     user = str(user)
     if len(user) > MAX_STRING:
-        msg = f"field 'userId' is longer than {MAX_STRING} characters"
+        msg = f"field {field!r} is longer than {MAX_STRING} characters ({len(user)})"
         raise DecodeError(msg)
+    _check_unicode(user, field)
     name = SEGMENT_EVENT_TYPES[kind]
     if name is None:
         name = _string(obj, "event")
@@ -144,6 +213,7 @@ def _string(obj: Mapping[str, Any], field: str) -> str:
     if len(value) > MAX_STRING:
         msg = f"field {field!r} is longer than {MAX_STRING} characters ({len(value)})"
         raise DecodeError(msg)
+    _check_unicode(value, field)
     return value
 
 
@@ -151,11 +221,12 @@ def _optional_string(obj: Mapping[str, Any], field: str) -> str | None:
     if obj.get(field) is None:
         return None
     value = obj[field]
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX:
         value = str(value)
     if not isinstance(value, str) or len(value) > MAX_STRING:
         msg = f"field {field!r} must be a string of at most {MAX_STRING} characters"
         raise DecodeError(msg)
+    _check_unicode(value, field)
     return value
 
 
@@ -165,42 +236,274 @@ def _time(value: object, field: str, fallback: int | None) -> int:
         if fallback is None:
             msg = f"field {field!r} is missing and the record has no timestamp"
             raise DecodeError(msg)
+        if isinstance(fallback, bool) or not isinstance(fallback, int) or not _in_range(fallback):
+            msg = (
+                f"field {field!r} is missing and the record timestamp {_show(fallback)} is not "
+                f"epoch milliseconds between {MIN_TS} and {MAX_TS}"
+            )
+            raise DecodeError(msg)
         return fallback
     if isinstance(value, bool):
         pass
-    elif isinstance(value, int):
-        return value
-    elif isinstance(value, float) and value.is_integer():
-        return int(value)
-    elif isinstance(value, str) and len(value) <= 64:
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            pass
-        else:
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=UTC)
-            return round(parsed.timestamp() * 1000)
+    elif isinstance(value, int | float):
+        return _epoch_ms(value, field)
+    elif isinstance(value, str):
+        return _iso_ms(value, field)
     msg = f"field {field!r} must be epoch milliseconds or an ISO-8601 time (got {_show(value)})"
     raise DecodeError(msg)
 
 
-def _check_sizes(obj: object, depth: int = 0) -> None:
-    """JSON has no length limits of its own: bound nesting, map and array sizes."""
-    if depth > 16:
-        msg = "message nests deeper than 16 levels"
+def _epoch_ms(value: float, field: str) -> int:
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        msg = f"field {field!r} is {_show(value)}: must be a whole number of epoch milliseconds"
         raise DecodeError(msg)
-    if isinstance(obj, dict | list):
-        if len(obj) > MAX_KEYS:
-            msg = f"a map or array in the message has {len(obj)} items; the limit is {MAX_KEYS}"
+    if not MIN_TS <= value <= MAX_TS:
+        msg = (
+            f"field {field!r} is {_show(value)}: "
+            f"must be epoch milliseconds between {MIN_TS} and {MAX_TS}"
+        )
+        raise DecodeError(msg)
+    return int(value)
+
+
+def _iso_ms(value: str, field: str) -> int:
+    if len(value) > MAX_ISO_CHARS:
+        msg = (
+            f"field {field!r} is a string of {len(value)} characters: an ISO-8601 time "
+            f"has at most {MAX_ISO_CHARS}"
+        )
+        raise DecodeError(msg)
+    try:
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        at = round(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError) as exc:
+        msg = f"field {field!r} must be epoch milliseconds or an ISO-8601 time (got {_show(value)})"
+        raise DecodeError(msg) from exc
+    if not _in_range(at):
+        msg = (
+            f"field {field!r} is {_show(value)}: must be a time between "
+            "1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z"
+        )
+        raise DecodeError(msg)
+    return at
+
+
+def _in_range(at: int) -> bool:
+    return MIN_TS <= at <= MAX_TS
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _LongNumber:
+    """A JSON number literal too long to convert; the walk reports it with its field."""
+
+    chars: int
+    integer: bool
+
+
+def _parse_json(raw: bytes) -> object:
+    first = raw.lstrip()[:1]
+    label = "not valid JSON" if first in (b"{", b"[") else "not valid msgpack or JSON"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"{label}: the bytes are not UTF-8 ({exc.reason} at byte {exc.start})"
+        raise DecodeError(msg) from exc
+    outside = _JSON_STRING.sub("", text)
+    depth = _json_depth(outside)
+    if depth > MAX_DEPTH + 1 and '"' in outside:
+        msg = f"{label}: a string is not terminated"  # its brackets were counted as nesting
+        raise DecodeError(msg)
+    if depth > MAX_DEPTH + 1:
+        msg = (
+            f"the message nests deeper than {MAX_DEPTH} levels "
+            f"({depth - 1} maps/arrays inside the top-level object); the limit is {MAX_DEPTH}"
+        )
+        raise DecodeError(msg)
+    try:
+        return json.loads(
+            text,
+            parse_int=_json_int,
+            parse_float=_json_float,
+            parse_constant=float,  # NaN, Infinity: rejected by the walk, with the field
+            object_pairs_hook=_unique_keys,
+        )
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        msg = f"{label}: {exc}"
+        raise DecodeError(msg) from exc
+
+
+def _json_depth(outside: str) -> int:
+    """The deepest nesting of `[`/`{` in a JSON text whose strings were removed.
+
+    `_JSON_STRING` removes strings as the JSON scanner reads them (a quote ends a string unless
+    escaped) up to any syntax error, so for every prefix the scanner parses, the count here is
+    its recursion depth: a bound checked before json.loads can recurse.
+    """
+    marks = _NOT_BRACKET.sub("", outside)
+    opening = marks.count("[") + marks.count("{")
+    if opening <= MAX_DEPTH + 1:
+        return opening  # cannot nest deeper than it opens (the common, cheap case)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, marks)))
+
+
+def _json_int(text: str) -> int | _LongNumber:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        return _LongNumber(digits, integer=True)
+    return int(text)
+
+
+def _json_float(text: str) -> float | _LongNumber:
+    if len(text) > MAX_NUMBER_CHARS:
+        return _LongNumber(len(text), integer=False)
+    return float(text)
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[Any] = set()
+        for key, _ in pairs:
+            if key in seen:
+                msg = (
+                    f"key {_show(key)} appears more than once in one map/object: "
+                    "duplicate keys are ambiguous"
+                )
+                raise DecodeError(msg)
+            seen.add(key)
+    return obj
+
+
+def _parse_msgpack(raw: bytes) -> object:
+    try:
+        return msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            object_pairs_hook=_unique_keys,
+            ext_hook=_reject_ext,
+            max_str_len=4 * MAX_TEXT,  # UTF-8 takes at most 4 bytes a character
+            max_bin_len=MAX_TEXT,
+            max_array_len=MAX_KEYS,
+            max_map_len=MAX_KEYS,
+            max_ext_len=MAX_MSGPACK_EXT,
+        )
+    except msgpack.StackError as exc:
+        msg = f"the message nests deeper than {MAX_DEPTH} levels (msgpack stack exceeded)"
+        raise DecodeError(msg) from exc
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        detail = str(exc) or type(exc).__name__
+        msg = f"not valid msgpack or JSON: {detail}"
+        raise DecodeError(msg) from exc
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    msg = f"not valid msgpack or JSON: msgpack extension type {code} is not accepted"
+    raise DecodeError(msg)
+
+
+def _check_value(value: object, path: tuple[str | int, ...], depth: int) -> None:
+    """Check one parsed value and everything inside it (the limits in the module docs)."""
+    if isinstance(value, str):
+        _check_text(value, path)
+    elif isinstance(value, bool) or value is None or isinstance(value, bytes):
+        return  # msgpack's max_bin_len bounds binary
+    elif isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            msg = f"{_where(path)} is {_show(value)}: integers must fit in 64 bits"
             raise DecodeError(msg)
-        for item in obj.values() if isinstance(obj, dict) else obj:
-            _check_sizes(item, depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            msg = f"{_where(path)} is {value!r}: NaN and Infinity are not accepted"
+            raise DecodeError(msg)
+    elif isinstance(value, _LongNumber):
+        what = f"an integer of {value.chars} digits" if value.integer else "a number literal"
+        limit = (
+            f"{MAX_INT_DIGITS} digits (64-bit integers)"
+            if value.integer
+            else f"{MAX_NUMBER_CHARS} characters"
+        )
+        shown = what if value.integer else f"{what} of {value.chars} characters"
+        msg = f"{_where(path)} is {shown}; the limit is {limit}"
+        raise DecodeError(msg)
+    elif isinstance(value, dict | list):
+        _check_container(value, path, depth)
+    else:
+        kind = _MSGPACK_KINDS.get(type(value).__name__, type(value).__name__)
+        msg = f"{_where(path)} is a msgpack {kind}, which a message cannot carry"
+        raise DecodeError(msg)
+
+
+def _check_container(
+    value: dict[Any, Any] | list[Any], path: tuple[str | int, ...], depth: int
+) -> None:
+    if depth > MAX_DEPTH:
+        msg = f"the message nests deeper than {MAX_DEPTH} levels (at {_where(path)})"
+        raise DecodeError(msg)
+    if len(value) > MAX_KEYS:
+        msg = f"{_where(path)} has {len(value)} items; the limit is {MAX_KEYS}"
+        raise DecodeError(msg)
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_value(item, (*path, index), depth + 1)
+        return
+    for key, item in value.items():
+        if not isinstance(key, str):
+            msg = f"{_where(path)} has a {type(key).__name__} key: map keys must be strings"
+            raise DecodeError(msg)
+        inner = (*path, key)
+        _check_text(key, inner)
+        _check_value(item, inner, depth + 1)
+
+
+def _check_text(value: str, path: tuple[str | int, ...]) -> None:
+    if len(value) > MAX_TEXT:
+        msg = f"{_where(path)} is a string of {len(value)} characters; the limit is {MAX_TEXT}"
+        raise DecodeError(msg)
+    found = _SURROGATE.search(value)
+    if found:
+        msg = (
+            f"{_where(path)} contains a lone UTF-16 surrogate ({found.group()!r}): "
+            "not valid Unicode"
+        )
+        raise DecodeError(msg)
+
+
+def _check_unicode(value: str, field: str) -> None:
+    """For fields read from mappings that skipped the walk (file readers)."""
+    _check_text(value, (field,))
+
+
+def _where(path: tuple[str | int, ...]) -> str:
+    """`field 'a.b[2]'` for a path in the message (long keys cut), `the message` for the root."""
+    if not path:
+        return "the message"
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            shown = part if len(part) <= 40 else f"{part[:37]}..."
+            text += f".{shown}" if text else shown
+    if len(text) > 120:
+        text = f"...{text[-117:]}"
+    return f"field {text!r}"  # repr escapes surrogates and control characters
 
 
 def _show(value: object) -> str:
     """A short description of a bad value: its type, and a truncated repr for scalars."""
     if isinstance(value, dict | list):
         return f"{type(value).__name__} of {len(value)}"
+    if isinstance(value, int) and not -(10**40) < value < 10**40:
+        return f"an integer of {value.bit_length()} bits"  # repr may refuse a huge int
+    if isinstance(value, str) and len(value) > 40:
+        value = value[:40]
+    if isinstance(value, bytes) and len(value) > 40:
+        value = value[:40]
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:37]}..."
