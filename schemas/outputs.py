@@ -14,6 +14,7 @@ explicit event id never looks like a counter (`docs/messages.md`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any, Final, Literal
@@ -108,9 +109,26 @@ def dlq_message(
     offset: int | None,
     key: bytes | None,
     value: bytes | None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """The `oracular.events.dlq` record: the reason, where it came from, the original bytes."""
-    return {
+    """The `oracular.events.dlq` record: the reason, where it came from, the original bytes.
+
+    The record fits `max_bytes` (default `DLQ_MAX_BYTES`) once encoded by `encode_output`, in
+    either format. When the whole record would not (or `error`, `key` or `topic` is longer
+    than `DLQ_MAX_ERROR`, `DLQ_MAX_KEY` or `DLQ_MAX_TOPIC`), those are cut to their limits and
+    `value` to the longest prefix that fits, and the record adds `truncated: True`,
+    `value_size` and `value_sha256` (length and SHA-256 hex of the original value; None
+    without one), plus `key_size` and `key_sha256` when the key was cut.
+
+    Raises:
+        ValueError: `max_bytes` is below `DLQ_MIN_BYTES` (a setting is wrong, not the input).
+    """
+    budget = DLQ_MAX_BYTES if max_bytes is None else max_bytes
+    if budget < DLQ_MIN_BYTES:
+        msg = f"the dead-letter budget is {budget} bytes; it must be at least {DLQ_MIN_BYTES}"
+        raise ValueError(msg)
+    error = _encodable(error)
+    record: dict[str, Any] = {
         "error": error,
         "topic": topic,
         "partition": partition,
@@ -118,6 +136,100 @@ def dlq_message(
         "key": key,
         "value": value,
     }
+    small = (
+        len(error) <= DLQ_MAX_ERROR
+        and len(topic) <= DLQ_MAX_TOPIC
+        and (key is None or len(key) <= DLQ_MAX_KEY)
+    )
+    if small and max(_dlq_sizes(record, value)) <= budget:
+        return record
+    return _truncated_dlq(record, budget)
+
+
+DLQ_MAX_BYTES: Final = 900_000
+"""Default budget of an encoded dead letter: the producer refuses records over 1,000,000
+bytes (`max.request.size`, our producer's default); 100 kB stay for the record's key, headers
+and batch framing."""
+DLQ_MIN_BYTES: Final = 32 * 1024
+"""Smallest budget accepted: room for the cut error, key and topic in the worst JSON escaping
+(12 bytes a character, 6 a byte: about 28 kB) and some of the value."""
+DLQ_MAX_ERROR: Final = 1024
+"""Longest error text kept (characters); the decoder's reasons are under 300."""
+DLQ_MAX_KEY: Final = 2048
+"""Longest key kept (bytes): a valid key is a user id of at most 512 characters in UTF-8."""
+DLQ_MAX_TOPIC: Final = 255
+"""Longest topic name kept (characters): Kafka allows 249."""
+
+_JSON_SIX: Final = bytes(
+    b for b in range(256) if (b < 0x20 and b not in b"\b\t\n\f\r") or b >= 0x7F
+)
+"""Bytes `encode_output` writes in JSON as six characters (`\\u00XX`, latin-1 then ASCII)."""
+_JSON_TWO: Final = b'"\\\b\t\n\f\r'
+"""Bytes written as two characters (`\\"`, `\\\\`, `\\n`, ...)."""
+
+
+def _truncated_dlq(record: dict[str, Any], budget: int) -> dict[str, Any]:
+    """`record` with error, key and topic cut to their limits and value to what fits."""
+    error: str = record["error"]
+    key: bytes | None = record["key"]
+    value: bytes | None = record["value"]
+    out = dict(record)
+    if len(error) > DLQ_MAX_ERROR:
+        note = f"... (cut from {len(error)} characters)"
+        out["error"] = error[: DLQ_MAX_ERROR - len(note)] + note
+    out["topic"] = record["topic"][:DLQ_MAX_TOPIC]
+    out["truncated"] = True
+    out["value_size"] = None if value is None else len(value)
+    out["value_sha256"] = None if value is None else hashlib.sha256(value).hexdigest()
+    if key is not None and len(key) > DLQ_MAX_KEY:
+        out["key"] = key[:DLQ_MAX_KEY]
+        out["key_size"] = len(key)
+        out["key_sha256"] = hashlib.sha256(key).hexdigest()
+    if value is not None:
+        out["value"] = value[: _longest_prefix(out, value, budget)]
+    return out
+
+
+def _longest_prefix(record: dict[str, Any], value: bytes, budget: int) -> int:
+    """How many bytes of `value` fit, as `record`'s value, within `budget` in both formats."""
+    packed, text = _dlq_sizes(record, b"")
+    low, high = 0, max(0, min(len(value), budget - packed))
+    while low < high:  # the largest n with both sizes <= budget (both grow with n)
+        n = (low + high + 1) // 2
+        if max(_dlq_sizes_for(packed, text, value[:n])) <= budget:
+            low = n
+        else:
+            high = n - 1
+    return low
+
+
+def _dlq_sizes(record: Mapping[str, Any], value: bytes | None) -> tuple[int, int]:
+    """(msgpack, JSON) length of `record` encoded with `value` as its value, computed
+    from a copy without the value plus the value's exact encoded length."""
+    shell = {**record, "value": None if value is None else b""}
+    packed = len(encode_output(shell, "msgpack"))
+    text = len(encode_output(shell, "json"))
+    if value is None:
+        return packed, text
+    return _dlq_sizes_for(packed, text, value)
+
+
+def _dlq_sizes_for(packed: int, text: int, value: bytes) -> tuple[int, int]:
+    """Sizes given those of the record with an empty value (2 bytes `c4 00`, 2 chars `""`)."""
+    size = len(value)
+    header = 2 if size < 0x100 else 3 if size < 0x10000 else 5
+    six = size - len(value.translate(None, _JSON_SIX))
+    two = size - len(value.translate(None, _JSON_TWO))
+    return packed - 2 + header + size, text + size + 5 * six + two
+
+
+def _encodable(text: str) -> str:
+    """`text`, with lone surrogates written as `\\udXXX` (msgpack cannot encode them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def encode_output(message: Mapping[str, Any], fmt: Format = "msgpack") -> bytes:
