@@ -182,6 +182,10 @@ def create_app(
     )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
+    if backfill is None:  # the lookup API, health and metrics (streams/api.py, docs/serving.md)
+        from streams.api import install_serving  # noqa: PLC0415 - aiohttp only in workers
+
+        install_serving(app, runtime)
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order, and Faust bug #606
     async def process(stream: Any) -> None:

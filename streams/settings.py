@@ -92,8 +92,9 @@ class Settings:
     """ORACULAR_SSL_KEYFILE: its private key."""
     api_host: str = "127.0.0.1"
     """ORACULAR_API_HOST: the lookup API's bind address (docs/serving.md)."""
-    api_port: int = 6067
-    """ORACULAR_API_PORT: the lookup API's port; 0 picks a free one (logged and advertised)."""
+    api_port: int | None = None
+    """ORACULAR_API_PORT: the lookup API's port; 0 picks a free one. Unset: 6067, or a free
+    port when 6067 is taken (a second worker on one host). The port is logged and advertised."""
     api_url: str | None = None
     """ORACULAR_API_URL: how other workers reach this one's API (default http://host:port)."""
     api_token: str | None = field(default=None, repr=False)
@@ -262,7 +263,7 @@ def _check(settings: Settings) -> None:
 def _check_api(settings: Settings) -> list[str]:
     """Problems with the lookup API's settings (docs/serving.md)."""
     problems = []
-    if not 0 <= settings.api_port <= 65535:
+    if settings.api_port is not None and not 0 <= settings.api_port <= 65535:
         problems.append(f"ORACULAR_API_PORT: must be 0-65535 (got {settings.api_port})")
     if not settings.api_host.strip():
         problems.append("ORACULAR_API_HOST: must be an address such as 127.0.0.1")

@@ -1,0 +1,747 @@
+"""The worker's HTTP API: per-user lookups, reveal feedback, routing, health and metrics.
+
+Every worker serves it (docs/serving.md) from its own aiohttp server, a Faust service started
+before the consumer joins the group, so `/livez` and `/readyz` answer during start-up and
+recovery. `install_serving(app, runtime)` is the one hook `streams.app.create_app` calls.
+
+- Lookups are routed by the user's partition (murmur2, `streams.serving.partition_for`): the
+  worker owning it answers from its RocksDB copy; any other worker forwards exactly one hop
+  to the owner's URL (Faust's assignor shares each worker's `canonical_url`, which is this
+  API's URL), or answers from its standby copy when the caller passes `?stale=true`.
+- Reads never write the table and decode only the user asked for; a batch yields to the
+  event loop between users.
+- Reveals are appended to the input topic as `revealed` commands, keyed by user, so the agent
+  applies them in order and a replay sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from mode import Service
+
+from engine import EngineConfig
+from streams import processor as processor_module
+from streams.metrics import CONTENT_TYPE, Family, Metrics, processor_families, render
+from streams.serving import (
+    FORWARDED_HEADER,
+    MAX_BODY_BYTES,
+    RETRY_AFTER_S,
+    ApiError,
+    BatchItem,
+    PartitionView,
+    Route,
+    answer,
+    check_intents,
+    check_user,
+    config_identity,
+    parse_at,
+    parse_batch,
+    parse_bool,
+    parse_reveal,
+    partition_for,
+    read_user,
+    route,
+)
+from streams.settings import Settings
+
+log = logging.getLogger("oracular.api")
+
+YIELD_EVERY = 32
+"""A batch lookup gives the event loop back after this many users decoded."""
+EXIT_UNAVAILABLE = 69
+DEFAULT_PORT = 6067
+"""The API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
+
+
+class Node(Protocol):
+    """What the API needs of the worker it runs in (`FaustNode`; a fake in unit tests)."""
+
+    me: str
+    partitions: int
+    config: EngineConfig
+    events_topic: str
+
+    def view(self, partition: int) -> PartitionView: ...
+
+    def get(self, partition: int, key: bytes) -> bytes | None: ...
+
+    def routing(self) -> dict[str, Any]: ...
+
+    def health(self) -> list[str]: ...
+
+    def lag(self) -> dict[int, int]: ...
+
+    def counts(self) -> Mapping[str, int]: ...
+
+    def gauges(self) -> list[Family]: ...
+
+    async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]: ...
+
+
+@dataclass
+class Api:
+    """The handlers' shared state: the node, options, metrics and the forwarding client."""
+
+    node: Node
+    token: str | None = None
+    forward_timeout_s: float = 2.0
+    metrics: Metrics = field(default_factory=Metrics)
+    session: ClientSession | None = None
+    clock: Callable[[], int] = lambda: int(time.time() * 1000)
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.node.config
+
+    async def start(self) -> None:
+        """Open the client session used to forward lookups."""
+        if self.session is None:
+            self.session = ClientSession(timeout=ClientTimeout(total=self.forward_timeout_s))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+
+def build_web_app(api: Api) -> web.Application:
+    """The aiohttp application of the API (routes, auth, JSON errors, size limits)."""
+    app = web.Application(middlewares=[_errors(api), _auth(api)], client_max_size=MAX_BODY_BYTES)
+    handlers = _Handlers(api)
+    app.router.add_get("/livez", handlers.livez)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/v1/routing", handlers.routing)
+    app.router.add_get("/v1/users/{user}", handlers.user)
+    app.router.add_get("/v1/users/{user}/intents/{intent}", handlers.intent)
+    app.router.add_post("/v1/lookup", handlers.batch)
+    app.router.add_post("/v1/users/{user}/revealed", handlers.revealed)
+    app.on_startup.append(lambda _: api.start())
+    app.on_cleanup.append(lambda _: api.close())
+    return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        text=json.dumps(body, separators=(",", ":"), allow_nan=False),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _error_response(exc: ApiError) -> web.Response:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return _json(exc.body(), exc.status, headers)
+
+
+def _errors(api: Api) -> Any:
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error_response(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            body = {"error": exc.reason, "status": exc.status}
+            if exc.status == 413:
+                body["error"] = f"the body is larger than {MAX_BODY_BYTES} bytes"
+            return _json(body, exc.status)
+        except Exception as exc:
+            log.exception("lookup API: %s %s failed", request.method, request.path)
+            return _json({"error": f"{type(exc).__name__}: {exc}", "status": 500}, 500)
+
+    del api
+    return errors
+
+
+def _auth(api: Api) -> Any:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        token = api.token
+        if token and request.path != "/livez":
+            given = request.headers.get("Authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                value.strip().encode(), token.encode()
+            ):
+                return _json(
+                    {"error": "missing or wrong bearer token (ORACULAR_API_TOKEN)", "status": 401},
+                    401,
+                    {"WWW-Authenticate": 'Bearer realm="oracular"'},
+                )
+        return await handler(request)
+
+    return auth
+
+
+class _Handlers:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.node = api.node
+        self.config_id = config_identity(api.config)
+
+    # --- health and metrics -----------------------------------------------------------
+
+    async def livez(self, request: web.Request) -> web.Response:
+        return _json({"live": True, "worker": self.node.me})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reasons = self.node.health()
+        body = {"ready": not reasons, "worker": self.node.me, "reasons": reasons}
+        if reasons:
+            return _json(body, 503, {"Retry-After": str(RETRY_AFTER_S)})
+        return _json(body)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        handled = getattr(processor_module, "HANDLED", ())
+        outputs = [getattr(processor_module, name, None) for name in ("PREDICTIONS", "EPISODES")]
+        counts = dict.fromkeys(getattr(processor_module, "REPORTED", ()), 0)
+        counts.update(self.node.counts())
+        families = processor_families(counts, handled, [o for o in outputs if o is not None])
+        lag = Family("oracular_partition_lag", "gauge", "Input messages waiting, per partition.")
+        for partition, value in sorted(self.node.lag().items()):
+            lag.add(value, (("partition", str(partition)),))
+        families += [lag, *self.node.gauges(), *self.api.metrics.families()]
+        families.append(
+            Family("oracular_config_info", "gauge", "The engine config's hash.").add(
+                1, (("config", self.config_id),)
+            )
+        )
+        return web.Response(
+            text=render(families), headers={"Content-Type": CONTENT_TYPE}, charset=None
+        )
+
+    async def routing(self, request: web.Request) -> web.Response:
+        return _json(self.node.routing())
+
+    # --- lookups --------------------------------------------------------------------------
+
+    async def user(self, request: web.Request) -> web.StreamResponse:
+        return await self._single(request, "user", None)
+
+    async def intent(self, request: web.Request) -> web.StreamResponse:
+        return await self._single(request, "intent", request.match_info["intent"])
+
+    async def _single(
+        self, request: web.Request, endpoint: str, intent: str | None
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = "invalid"
+        try:
+            user = check_user(request.match_info["user"])
+            intents = None if intent is None else check_intents(self.api.config, intent)
+            query = request.query
+            stale = parse_bool(query.get("stale"), "stale")
+            with_explain = parse_bool(query.get("explain"), "explain")
+            at = parse_at(query.get("at"), self.api.clock())
+            forwarded = FORWARDED_HEADER in request.headers
+            partition = partition_for(user, self.node.partitions)
+            decision = route(partition, self.node.view(partition), stale=stale, forwarded=forwarded)
+            if decision.action == "forward":
+                assert decision.url is not None
+                response, status = await self._forward_single(request, decision.url)
+                return response
+            if decision.action == "unavailable":
+                status = "unavailable"
+                raise ApiError(503, decision.reason, retry_after=RETRY_AFTER_S, partition=partition)
+            body = self._local(
+                user, partition, decision, intents=intents, at=at, with_explain=with_explain
+            )
+            status = "found" if body["known"] else "unknown"
+            return _json(body)
+        except ApiError as exc:
+            if exc.status == 504:
+                status = "timeout"
+            elif exc.status == 503:
+                status = "unavailable"
+            raise
+        finally:
+            self.api.metrics.lookup(endpoint, status, time.perf_counter() - started)
+
+    def _local(
+        self,
+        user: str,
+        partition: int,
+        decision: Route,
+        *,
+        intents: list[str] | None,
+        at: int,
+        with_explain: bool,
+    ) -> dict[str, Any]:
+        """Answer from this worker's copy of the partition (one user decoded)."""
+        raw = self.node.get(partition, user.encode())
+        return answer(
+            read_user(raw, self.api.config, partition),
+            user,
+            intents=intents,
+            at=at,
+            with_explain=with_explain,
+            served_by={"worker": self.node.me, "role": decision.role},
+            config_id=self.config_id,
+        )
+
+    async def _forward_single(self, request: web.Request, url: str) -> tuple[web.Response, str]:
+        body = await request.read() if request.can_read_body else None
+        status, payload, headers = await self._forward(
+            request.method, url, request.path_qs, body, request.headers
+        )
+        outcome = "forwarded"
+        if status == 503:
+            outcome = "unavailable"
+        return web.Response(
+            body=payload, status=status, content_type="application/json", headers=headers
+        ), outcome
+
+    async def _forward(
+        self,
+        method: str,
+        url: str,
+        path_qs: str,
+        body: bytes | None,
+        incoming: Mapping[str, str],
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """One hop to `url`; (status, body, headers to pass on). Timeout: 504; down: 503."""
+        api = self.api
+        assert api.session is not None, "the API was not started"
+        headers = {FORWARDED_HEADER: self.node.me, "Content-Type": "application/json"}
+        if "Authorization" in incoming:
+            headers["Authorization"] = incoming["Authorization"]
+        try:
+            async with api.session.request(
+                method, url.rstrip("/") + path_qs, data=body, headers=headers
+            ) as response:
+                payload = await response.read()
+                passed = {}
+                if "Retry-After" in response.headers:
+                    passed["Retry-After"] = response.headers["Retry-After"]
+                api.metrics.forwards[(("outcome", str(response.status)),)] += 1
+                return response.status, payload, passed
+        except TimeoutError as exc:
+            api.metrics.forwards[(("outcome", "timeout"),)] += 1
+            msg = f"the owning worker {url} did not answer within {api.forward_timeout_s:g} s"
+            raise ApiError(504, msg, worker=url) from exc
+        except ClientError as exc:
+            api.metrics.forwards[(("outcome", "unreachable"),)] += 1
+            msg = f"the owning worker {url} is unreachable ({type(exc).__name__}); retry"
+            raise ApiError(503, msg, retry_after=RETRY_AFTER_S, worker=url) from exc
+
+    async def batch(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        statuses: dict[str, int] = {}
+        try:
+            batch = parse_batch(await request.read(), self.api.config)
+            at = batch.at if batch.at is not None else self.api.clock()
+            forwarded = FORWARDED_HEADER in request.headers
+            results: list[dict[str, Any] | None] = [None] * len(batch.items)
+            remote: dict[str, list[int]] = {}
+            views: dict[int, PartitionView] = {}
+            decoded = 0
+            for n, item in enumerate(batch.items):
+                partition = partition_for(item.user, self.node.partitions)
+                if partition not in views:
+                    views[partition] = self.node.view(partition)
+                decision = route(
+                    partition, views[partition], stale=batch.stale, forwarded=forwarded
+                )
+                if decision.action == "forward":
+                    assert decision.url is not None
+                    remote.setdefault(decision.url, []).append(n)
+                elif decision.action == "unavailable":
+                    results[n] = _unavailable(item, partition, decision.reason)
+                else:
+                    body = self._local(
+                        item.user,
+                        partition,
+                        decision,
+                        intents=item.intents,
+                        at=at,
+                        with_explain=batch.explain,
+                    )
+                    results[n] = {"status": "found" if body["known"] else "unknown", **body}
+                    decoded += 1
+                    if decoded % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)  # never hold the loop for a whole batch
+            await asyncio.gather(
+                *(
+                    self._forward_batch(request, url, batch, indexes, at=at, results=results)
+                    for url, indexes in remote.items()
+                )
+            )
+            final = [r if r is not None else {"status": "unavailable"} for r in results]
+            for result in final:
+                statuses[result["status"]] = statuses.get(result["status"], 0) + 1
+            return _json({"at": at, "counts": statuses, "results": final})
+        except ApiError:
+            statuses["invalid"] = 1
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            metrics = self.api.metrics
+            for status, count in statuses.items():
+                metrics.lookups[(("endpoint", "batch"), ("status", status))] += count
+            metrics.lookup_seconds.observe(elapsed, (("endpoint", "batch"),))
+
+    async def _forward_batch(
+        self,
+        request: web.Request,
+        url: str,
+        batch: Any,
+        indexes: list[int],
+        *,
+        at: int,
+        results: list[dict[str, Any] | None],
+    ) -> None:
+        """One forward per owner for its users; their slots get the owner's answers."""
+        items: list[BatchItem] = [batch.items[n] for n in indexes]
+        body = json.dumps(batch.to_json(items, at)).encode()
+        try:
+            status, payload, _ = await self._forward(
+                "POST", url, "/v1/lookup", body, request.headers
+            )
+            if status != 200:
+                raise ApiError(status, payload.decode(errors="replace")[:300])
+            answers = json.loads(payload)["results"]
+            if len(answers) != len(indexes):
+                raise ApiError(502, f"{url} answered {len(answers)} of {len(indexes)} users")
+        except ApiError as exc:
+            for n in indexes:
+                item = batch.items[n]
+                partition = partition_for(item.user, self.node.partitions)
+                results[n] = _unavailable(item, partition, exc.message)
+            return
+        for n, result in zip(indexes, answers, strict=True):
+            results[n] = result
+
+    # --- reveals --------------------------------------------------------------------------
+
+    async def revealed(self, request: web.Request) -> web.Response:
+        user = check_user(request.match_info["user"])
+        intent, ts = parse_reveal(await request.read(), self.api.config, self.api.clock())
+        command = {
+            "id": f"api-{uuid.uuid4().hex}",
+            "user": user,
+            "type": "revealed",
+            "intent": intent,
+            "ts": ts,
+        }
+        partition = partition_for(user, self.node.partitions)
+        try:
+            written, offset = await self.node.append(
+                user.encode(), msgpack.packb(command), partition
+            )
+        except Exception as exc:
+            self.api.metrics.reveals[(("outcome", "failed"),)] += 1
+            log.warning("lookup API: could not append a reveal for %r: %s", user[:64], exc)
+            msg = f"could not append the reveal to {self.node.events_topic}: {exc}; retry"
+            raise ApiError(503, msg, retry_after=RETRY_AFTER_S) from exc
+        self.api.metrics.reveals[(("outcome", "accepted"),)] += 1
+        return _json(
+            {
+                "accepted": True,
+                "command": command,
+                "topic": self.node.events_topic,
+                "partition": written,
+                "offset": offset,
+            },
+            202,
+        )
+
+
+def _unavailable(item: BatchItem, partition: int, reason: str) -> dict[str, Any]:
+    return {"user": item.user, "status": "unavailable", "partition": partition, "error": reason}
+
+
+# --- the Faust side -----------------------------------------------------------------------
+
+
+class _PartitionEvent:
+    """Stands in for Faust's current event so a table read uses `partition`'s RocksDB."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, partition: int) -> None:
+        self.message = _PartitionMessage(partition)
+
+
+@dataclass(frozen=True, slots=True)
+class _PartitionMessage:
+    partition: int
+
+
+class FaustNode:
+    """`Node` over the running Faust app: assignment, table copies, lag, the producer."""
+
+    def __init__(self, app: Any, runtime: Any, me: str) -> None:
+        from streams.app import STATE_TABLE  # noqa: PLC0415 - streams.app imports this module
+
+        self.app, self.runtime, self.me = app, runtime, me
+        settings: Settings = runtime.settings
+        self.settings = settings
+        self.partitions = settings.topics.events.partitions
+        self.events_topic = settings.topics.events.name
+        self.config = runtime.processor.config
+        self.table = app.tables[STATE_TABLE]
+        self.assigned_once = False
+
+    @property
+    def changelog(self) -> str:
+        name: str = self.table.changelog_topic.get_topic_name()
+        return name
+
+    def _settling(self) -> bool:
+        app = self.app
+        return bool(app.rebalancing or getattr(app, "in_recovery", False))
+
+    def _owners(self) -> dict[int, str]:
+        owners = {}
+        with contextlib.suppress(KeyError, AttributeError):
+            for url, topics in self.app.assignor.tables_metadata().items():
+                for partition in topics.get(self.changelog, ()):
+                    owners[partition] = str(url)
+        return owners
+
+    def view(self, partition: int) -> PartitionView:
+        from faust.types import TP  # noqa: PLC0415
+
+        tp = TP(self.changelog, partition)
+        assignor = self.app.assignor
+        dbs = getattr(self.table.data, "_dbs", {})
+        local: Any = None
+        settling = self._settling()
+        if tp in assignor.assigned_actives():
+            local = "active"
+            settling = settling or partition not in dbs
+        elif tp in assignor.assigned_standbys() and partition in dbs:
+            local = "standby"
+        return PartitionView(local, settling, self._owners().get(partition), self.me)
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        if partition not in getattr(self.table.data, "_dbs", {}):
+            msg = f"partition {partition} is not open on this worker (moved away); retry"
+            raise ApiError(503, msg, retry_after=RETRY_AFTER_S, partition=partition)
+        value: bytes | None = self.runtime.table.get(key, _PartitionEvent(partition))
+        return value
+
+    def routing(self) -> dict[str, Any]:
+        owners = self._owners()
+        assignor = self.app.assignor
+        mine = {
+            "active": sorted(
+                tp.partition for tp in assignor.assigned_actives() if tp.topic == self.changelog
+            ),
+            "standby": sorted(
+                tp.partition for tp in assignor.assigned_standbys() if tp.topic == self.changelog
+            ),
+        }
+        return {
+            "generation": self.app.consumer_generation_id,
+            "rebalancing": bool(self.app.rebalancing),
+            "recovering": bool(getattr(self.app, "in_recovery", False)),
+            "worker": self.me,
+            "partitions": {str(p): owners.get(p) for p in range(self.partitions)},
+            "here": mine,
+        }
+
+    def health(self) -> list[str]:
+        app = self.app
+        reasons = []
+        if not self.assigned_once:
+            reasons.append("starting: no partition assignment yet")
+        if app.rebalancing:
+            reasons.append("rebalancing")
+        if getattr(app, "in_recovery", False):
+            reasons.append("recovering tables")
+        if self.assigned_once and app.unassigned:
+            reasons.append("unassigned: this worker owns no partition")
+        lag = sum(self.lag().values())
+        if lag > self.settings.ready_max_lag:
+            reasons.append(f"lag {lag} > ORACULAR_READY_MAX_LAG {self.settings.ready_max_lag}")
+        return reasons
+
+    def lag(self) -> dict[int, int]:
+        from faust.types import TP  # noqa: PLC0415
+
+        consumer = self.app.consumer
+        lags = {}
+        try:
+            assignment = consumer.assignment()
+        except (AssertionError, AttributeError, KeyError):
+            return {}
+        committed = getattr(consumer, "_committed_offset", {})
+        for tp in assignment:
+            if tp.topic != self.events_topic:
+                continue
+            try:
+                highwater = consumer.highwater(TP(tp.topic, tp.partition))
+            except (AssertionError, AttributeError, KeyError):
+                continue
+            if highwater is None:
+                continue
+            handled = self.runtime.processor.next_offset.get(tp.partition)
+            if handled is None:
+                handled = committed.get(TP(tp.topic, tp.partition))
+            lags[tp.partition] = max(highwater - (handled or 0), 0)
+        return lags
+
+    def counts(self) -> Mapping[str, int]:
+        return dict(self.runtime.processor.counts)
+
+    def gauges(self) -> list[Family]:
+        assignor = self.app.assignor
+        assigned = Family("oracular_assigned_partitions", "gauge", "State partitions held here.")
+        for role, tps in (
+            ("active", assignor.assigned_actives()),
+            ("standby", assignor.assigned_standbys()),
+        ):
+            assigned.add(sum(1 for tp in tps if tp.topic == self.changelog), (("role", role),))
+        return [
+            assigned,
+            Family("oracular_rebalancing", "gauge", "1 while a rebalance is under way.").add(
+                int(bool(self.app.rebalancing))
+            ),
+            Family("oracular_recovering", "gauge", "1 while tables are being restored.").add(
+                int(bool(getattr(self.app, "in_recovery", False)))
+            ),
+            Family("oracular_ready", "gauge", "1 when /readyz answers 200.").add(
+                int(not self.health())
+            ),
+            Family("oracular_assignment_generation", "gauge", "Consumer group generation.").add(
+                self.app.consumer_generation_id
+            ),
+        ]
+
+    async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
+        sent = await self.app.producer.send(self.events_topic, key, value, partition, None, None)
+        metadata = await sent
+        return int(metadata.partition), int(metadata.offset)
+
+
+class ApiService(Service):
+    """Runs the API's aiohttp server on the socket bound at install time."""
+
+    def __init__(self, app: Any, web_app: web.Application, sock: socket.socket, url: str) -> None:
+        super().__init__()
+        self.app, self.web_app, self.sock, self.url = app, web_app, sock, url
+        self.runner: web.AppRunner | None = None
+
+    async def on_start(self) -> None:
+        # Before the consumer joins: a `faust worker --web-port` must not change the URL the
+        # assignor advertises for this worker.
+        self.app.conf.canonical_url = self.url
+        self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        await web.SockSite(self.runner, self.sock).start()
+        host, port = self.sock.getsockname()[:2]
+        log.info(
+            "oracular lookup API on %s:%s, advertised to other workers as %s", host, port, self.url
+        )
+
+    async def on_stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on host:port (port 0: a free one)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)  # now: a port bound but not listening could be bound again
+    sock.setblocking(False)
+    return sock
+
+
+def advertised_url(settings: Settings, sock: socket.socket) -> str:
+    """The URL other workers use: ORACULAR_API_URL, else http://host:bound port."""
+    if settings.api_url:
+        return settings.api_url.rstrip("/")
+    port = sock.getsockname()[1]
+    host = settings.api_host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def install_serving(app: Any, runtime: Any) -> Api:
+    """Serve the API from this worker: bind, advertise, route, time batches.
+
+    Binds the socket now, so the URL Faust's assignor shares with the group is known before
+    the worker joins; Faust's own table views stay off.
+    """
+    settings: Settings = runtime.settings
+    port = DEFAULT_PORT if settings.api_port is None else settings.api_port
+    try:
+        try:
+            sock = bind(settings.api_host, port)
+        except OSError:
+            if settings.api_port is not None:
+                raise
+            sock = bind(settings.api_host, 0)  # a second worker on this host
+            log.warning(
+                "lookup API: port %s is taken, serving on free port %s (set ORACULAR_API_PORT)",
+                port,
+                sock.getsockname()[1],
+            )
+    except OSError as exc:
+        print(
+            f"oracular worker: cannot serve the lookup API on {settings.api_host}:{port}: "
+            f"{exc.strerror or exc}. Set ORACULAR_API_PORT to a free port (0 picks one) or "
+            "ORACULAR_API_HOST (docs/serving.md).",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_UNAVAILABLE) from exc
+    url = advertised_url(settings, sock)
+    app.conf.canonical_url = url
+    app.conf.web_tables_enabled = False  # Faust's raw /table views: never
+    node = FaustNode(app, runtime, url)
+    api = Api(node, token=settings.api_token, forward_timeout_s=settings.api_forward_timeout_s)
+    service = ApiService(app, build_web_app(api), sock, url)
+    app.add_dependency(service)
+
+    @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
+    async def assigned(sender: Any, *_: Any, **__: Any) -> None:
+        node.assigned_once = True
+
+    run_batch = runtime.run_batch
+
+    async def timed_batch(events: list[Any]) -> list[Any]:
+        started = time.perf_counter()
+        try:
+            result: list[Any] = await run_batch(events)
+            return result
+        finally:
+            api.metrics.batch(time.perf_counter() - started, len(events))
+
+    runtime.run_batch = timed_batch
+    runtime.api = api
+    return api

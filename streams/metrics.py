@@ -1,0 +1,180 @@
+"""Prometheus text exposition (format 0.0.4) for the worker's `/metrics`, without a dependency.
+
+`Metrics` keeps what only the API sees (lookups, forwards, batch timings); the processor's
+counters are read when scraped (`processor_families`), whatever their names are, so counters
+added to `Processor.counts` show up without a change here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+BATCH_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LOOKUP_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def metric_name(text: str) -> str:
+    """`text` as a Prometheus name: [a-zA-Z_:][a-zA-Z0-9_:]*, lower case."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", text).lower().strip("_") or "unnamed"
+    return name if not name[0].isdigit() else f"_{name}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+@dataclass
+class Family:
+    """One metric family: name, type, help and samples (labels, value)."""
+
+    name: str
+    kind: str  # counter | gauge | histogram
+    help: str
+    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+    """(name suffix, labels, value): the suffix is "" or _bucket/_sum/_count."""
+
+    def add(self, value: float, labels: Labels = (), suffix: str = "") -> Family:
+        self.samples.append((suffix, labels, value))
+        return self
+
+    def render(self) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        lines += [
+            f"{self.name}{suffix}{_labels(labels)} {_number(value)}"
+            for suffix, labels, value in self.samples
+        ]
+        return "\n".join(lines)
+
+
+@dataclass
+class Histogram:
+    """Cumulative buckets of observed durations, per label set."""
+
+    buckets: Sequence[float]
+    counts: dict[Labels, list[int]] = field(default_factory=dict)
+    sums: dict[Labels, float] = field(default_factory=dict)
+
+    def observe(self, seconds: float, labels: Labels = ()) -> None:
+        counts = self.counts.setdefault(labels, [0] * (len(self.buckets) + 1))
+        for n, bound in enumerate(self.buckets):
+            if seconds <= bound:
+                counts[n] += 1
+        counts[-1] += 1
+        self.sums[labels] = self.sums.get(labels, 0.0) + seconds
+
+    def family(self, name: str, help_text: str) -> Family:
+        family = Family(name, "histogram", help_text)
+        for labels, counts in sorted(self.counts.items()):
+            for bound, count in zip(self.buckets, counts, strict=False):
+                family.add(count, (*labels, ("le", _number(bound))), "_bucket")
+            family.add(counts[-1], (*labels, ("le", "+Inf")), "_bucket")
+            family.add(self.sums[labels], labels, "_sum")
+            family.add(counts[-1], labels, "_count")
+        return family
+
+
+@dataclass
+class Metrics:
+    """What the API records: lookups by endpoint and status, their latency, forwards, batches."""
+
+    lookups: Counter[Labels] = field(default_factory=Counter)
+    lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LOOKUP_BUCKETS))
+    forwards: Counter[Labels] = field(default_factory=Counter)
+    reveals: Counter[Labels] = field(default_factory=Counter)
+    batch_seconds: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    batch_messages: int = 0
+
+    def lookup(self, endpoint: str, status: str, seconds: float) -> None:
+        self.lookups[(("endpoint", endpoint), ("status", status))] += 1
+        self.lookup_seconds.observe(seconds, (("endpoint", endpoint),))
+
+    def batch(self, seconds: float, messages: int) -> None:
+        self.batch_seconds.observe(seconds)
+        self.batch_messages += messages
+
+    def families(self) -> list[Family]:
+        lookups = Family("oracular_lookups_total", "counter", "Lookup answers by status.")
+        for labels, value in sorted(self.lookups.items()):
+            lookups.add(value, labels)
+        forwards = Family(
+            "oracular_lookup_forwards_total", "counter", "Lookups forwarded to the owner."
+        )
+        for labels, value in sorted(self.forwards.items()):
+            forwards.add(value, labels)
+        reveals = Family("oracular_reveals_total", "counter", "Reveal commands by outcome.")
+        for labels, value in sorted(self.reveals.items()):
+            reveals.add(value, labels)
+        return [
+            lookups,
+            self.lookup_seconds.family(
+                "oracular_lookup_seconds", "Lookup latency on this worker, forwards included."
+            ),
+            forwards,
+            reveals,
+            self.batch_seconds.family(
+                "oracular_batch_seconds", "Time to apply one agent batch (outputs, states)."
+            ),
+            Family(
+                "oracular_batch_messages_total", "counter", "Messages in the batches timed."
+            ).add(self.batch_messages),
+        ]
+
+
+def processor_families(
+    counts: Mapping[str, int], handled: Iterable[str], outputs: Iterable[str]
+) -> list[Family]:
+    """The processor's counters, read generically.
+
+    Input outcomes (`handled`: applied, duplicates, ...) become
+    `oracular_inputs_total{outcome=...}`; output kinds (`outputs`) become
+    `oracular_outputs_total{kind=...}`; every other counter `oracular_<name>_total`.
+    """
+    handled, outputs = list(handled), list(outputs)
+    inputs = Family("oracular_inputs_total", "counter", "Input messages handled, by outcome.")
+    for name in sorted(set(handled)):
+        inputs.add(counts.get(name, 0), (("outcome", name),))
+    published = Family("oracular_outputs_total", "counter", "Output messages, by kind.")
+    for name in sorted(set(outputs)):
+        published.add(counts.get(name, 0), (("kind", name),))
+    families = [inputs, published]
+    for name in sorted(set(counts) - set(handled) - set(outputs)):
+        metric = metric_name(name)
+        metric = f"oracular_{metric.removesuffix('_total')}_total"
+        families.append(Family(metric, "counter", f"Processor counter {name}.").add(counts[name]))
+    return families
+
+
+def render(families: Iterable[Family]) -> str:
+    """The exposition text of `families` (each name once, newline at the end)."""
+    seen: set[str] = set()
+    chunks = []
+    for family in families:
+        if family.name in seen:
+            continue
+        seen.add(family.name)
+        chunks.append(family.render())
+    return "\n".join(chunks) + "\n"

@@ -1,0 +1,360 @@
+"""The lookup API's decisions, without HTTP or Faust: routing, validation and answers.
+
+`streams/api.py` serves these over HTTP on every worker (docs/serving.md). Everything here is
+synchronous and testable without a broker:
+
+- `partition_for`: the partition of a user id, murmur2 as Kafka's default partitioner (the
+  producers' partitioner, so the partition that holds the user's state);
+- `route`: what a worker does with a lookup for a partition (answer, forward, 503);
+- `answer`: a user's predictions computed by `engine.predict` at the request time from the
+  stored bytes of that one user (the prior when the user is unknown);
+- request validation with bounded sizes, raising `ApiError` with the status to answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from aiokafka.partitioner import murmur2
+
+from engine import EngineConfig, EngineState, create_state, explain, predict
+from schemas.stored import decode_stored
+
+FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
+"""Set on a forwarded request (to the forwarding worker's URL): the receiver never forwards it
+again, so a lookup takes at most one hop even while workers disagree about the routing."""
+MAX_BATCH: Final = 1000
+"""Most users in one `POST /v1/lookup`."""
+MAX_BODY_BYTES: Final = 512 * 1024
+"""Largest request body accepted (a full batch with intents fits easily)."""
+MAX_USER_CHARS: Final = 512
+"""Longest user id (the input decoder's string limit, schemas/events.py)."""
+RETRY_AFTER_S: Final = 1
+"""Retry-After of a 503 while a partition moves or is restored."""
+
+Role = Literal["active", "standby"]
+
+
+class ApiError(Exception):
+    """A request the API refuses: the HTTP status, a message saying what to do, extras."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body: `{"error": message, ...extras}`."""
+        return {"error": self.message, "status": self.status, **self.extra}
+
+
+def partition_for(user: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2 of the UTF-8 key) gives `user`."""
+    return (murmur2(user.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+def config_identity(config: EngineConfig) -> str:
+    """A short hash of the engine config, so a client sees which config answered."""
+    text = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+def check_user(user: object) -> str:
+    """A user id from a path or a batch item: a non-empty string of bounded length."""
+    if not isinstance(user, str) or not user:
+        raise ApiError(400, "a user id must be a non-empty string")
+    if len(user) > MAX_USER_CHARS:
+        raise ApiError(400, f"a user id is at most {MAX_USER_CHARS} characters ({len(user)})")
+    return user
+
+
+def check_intents(config: EngineConfig, intents: object) -> list[str] | None:
+    """The intents asked for (None: all), each one declared by the config, else 400."""
+    if intents is None:
+        return None
+    if isinstance(intents, str):
+        intents = [intents]
+    if not isinstance(intents, list) or not all(isinstance(i, str) for i in intents):
+        raise ApiError(400, "intents must be a list of intent names")
+    declared = sorted(config.intents)
+    unknown = [i for i in intents if i not in config.intents]
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown intent {unknown[0][:64]!r}: the config declares {', '.join(declared)}",
+            declared=declared,
+        )
+    return list(dict.fromkeys(intents))
+
+
+def parse_bool(raw: str | None, name: str) -> bool:
+    """A query flag: true/false/1/0/yes/no (absent: false)."""
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", ""):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ApiError(400, f"?{name}= must be true or false (got {raw[:32]!r})")
+
+
+def parse_at(raw: object, now_ms: int) -> int:
+    """The read time: `?at=` epoch milliseconds, else now."""
+    if raw is None:
+        return now_ms
+    if isinstance(raw, bool):
+        raise ApiError(400, "at must be epoch milliseconds (an integer)")
+    if isinstance(raw, int):
+        at = raw
+    elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit() and len(raw) < 20:
+        at = int(raw)
+    else:
+        raise ApiError(400, f"at must be epoch milliseconds (got {str(raw)[:32]!r})")
+    if not 0 <= at < 1 << 62:
+        raise ApiError(400, f"at must be epoch milliseconds >= 0 (got {at})")
+    return at
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One user of a `POST /v1/lookup`."""
+
+    user: str
+    intents: list[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """A validated `POST /v1/lookup` body."""
+
+    items: list[BatchItem]
+    at: int | None
+    explain: bool
+    stale: bool
+
+    def to_json(self, items: Iterable[BatchItem], at: int) -> dict[str, Any]:
+        """The body forwarded to another worker for `items` (same time, same flags)."""
+        return {
+            "users": [{"user": i.user, "intents": i.intents} for i in items],
+            "at": at,
+            "explain": self.explain,
+            "stale": self.stale,
+        }
+
+
+def parse_batch(body: bytes, config: EngineConfig) -> BatchRequest:
+    """Validate a batch body: `{"users": ["u1", {"user": "u2", "intents": [...]}], "at"?,
+    "explain"?, "stale"?}`, at most MAX_BATCH users."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ApiError(400, 'the body must be a JSON object: {"users": [...]}')
+    unknown = sorted(set(obj) - {"users", "at", "explain", "stale"})
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:64]!r}: use users, at, explain, stale")
+    users = obj.get("users")
+    if not isinstance(users, list) or not users:
+        raise ApiError(400, "users must be a non-empty list of user ids or {user, intents}")
+    if len(users) > MAX_BATCH:
+        raise ApiError(413, f"{len(users)} users; one lookup takes at most {MAX_BATCH}")
+    items = [_batch_item(n, entry, config) for n, entry in enumerate(users)]
+    at = obj.get("at")
+    for flag in ("explain", "stale"):
+        if not isinstance(obj.get(flag, False), bool):
+            raise ApiError(400, f"{flag} must be true or false")
+    return BatchRequest(
+        items,
+        None if at is None else parse_at(at, 0),
+        bool(obj.get("explain", False)),
+        bool(obj.get("stale", False)),
+    )
+
+
+def _batch_item(n: int, entry: object, config: EngineConfig) -> BatchItem:
+    """`users[n]`: a user id, or `{"user": ..., "intents": [...]}`."""
+    if isinstance(entry, dict):
+        extra = sorted(set(entry) - {"user", "intents"})
+        if extra:
+            raise ApiError(400, f"users[{n}]: unknown field {str(extra[0])[:64]!r}")
+        user, intents = entry.get("user"), entry.get("intents")
+    else:
+        user, intents = entry, None
+    try:
+        return BatchItem(check_user(user), check_intents(config, intents))
+    except ApiError as exc:
+        raise ApiError(exc.status, f"users[{n}]: {exc.message}", **exc.extra) from exc
+
+
+def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, int]:
+    """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`."""
+    if len(body) > 4096:
+        raise ApiError(413, f"the body is {len(body)} bytes; the limit is 4096")
+    try:
+        obj = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict) or "intent" not in obj:
+        raise ApiError(400, 'the body must be {"intent": "<declared intent>"} (ts optional)')
+    unknown = sorted(set(obj) - {"intent", "ts"})
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:64]!r}: use intent and ts")
+    intents = check_intents(config, obj["intent"])
+    if not isinstance(obj["intent"], str) or not intents:
+        raise ApiError(400, "intent must be one declared intent name")
+    return intents[0], parse_at(obj.get("ts"), now_ms)
+
+
+# --- routing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """What this worker knows about one partition at the moment of a lookup."""
+
+    local: Role | None
+    """This worker holds it as the active owner or a standby (its RocksDB is open), or not."""
+    settling: bool
+    """A rebalance or table recovery is under way here (the active copy may be moving)."""
+    owner: str | None
+    """URL of the owning worker in the current assignment (None: unknown/unassigned)."""
+    me: str
+    """This worker's URL."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What to do with a lookup: answer locally (as `role`), forward to `url`, or refuse."""
+
+    action: Literal["local", "forward", "unavailable"]
+    role: Role | None = None
+    url: str | None = None
+    reason: str = ""
+
+
+def route(partition: int, view: PartitionView, *, stale: bool, forwarded: bool) -> Route:
+    """Decide how a lookup for `partition` is served on this worker.
+
+    The owner answers from its active copy once it is not rebalancing or restoring. A
+    non-owner forwards one hop to the owner; a forwarded request is never forwarded again
+    (the loop guard). With `stale`, a standby copy here answers without a hop.
+    """
+    if view.local == "active" and not view.settling:
+        return Route("local", role="active")
+    if stale and view.local is not None:
+        return Route("local", role=view.local)
+    reason = ""
+    if view.local == "active" or view.owner == view.me:
+        reason = f"partition {partition} is being rebalanced or restored here"
+    elif forwarded:
+        reason = (
+            f"partition {partition} is not owned here (forwarded by a worker whose routing "
+            "is out of date: a rebalance is under way)"
+        )
+    elif view.owner is None:
+        reason = f"partition {partition} has no owner right now (rebalancing)"
+    if reason:
+        return Route("unavailable", reason=reason)
+    return Route("forward", url=view.owner)
+
+
+# --- answers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserRead:
+    """One user's state read from the local table copy (or the prior, if unknown)."""
+
+    state: EngineState
+    known: bool
+    partition: int
+    last_offset: int | None
+
+
+def read_user(raw: bytes | None, config: EngineConfig, partition: int) -> UserRead:
+    """Decode one user's stored bytes (None: an unknown user, whose state is the prior)."""
+    if raw is None:
+        return UserRead(create_state(config), False, partition, None)
+    stored = decode_stored(raw, config)
+    return UserRead(stored.state, True, stored.partition, stored.last_offset)
+
+
+def answer(
+    read: UserRead,
+    user: str,
+    *,
+    intents: Sequence[str] | None,
+    at: int,
+    with_explain: bool,
+    served_by: Mapping[str, Any],
+    config_id: str,
+) -> dict[str, Any]:
+    """The JSON answer for one user: predictions at `at`, where they came from."""
+    state = read.state
+    names = list(state.config.intents) if intents is None else list(intents)
+    out: dict[str, Any] = {}
+    for name in names:
+        prediction = predict(state, name, at)
+        item: dict[str, Any] = {
+            "p": prediction.p,
+            "lower": prediction.lower,
+            "reveal": prediction.reveal,
+            "suppressed_until": prediction.suppressed_until,
+        }
+        if with_explain:
+            item["explain"] = explanation(state, name, at)
+        out[name] = item
+    return {
+        "user": user,
+        "known": read.known,
+        "at": at,
+        "as_of": state.clock,
+        "position": {"partition": read.partition, "offset": read.last_offset},
+        "served_by": dict(served_by),
+        "config": config_id,
+        "intents": out,
+    }
+
+
+def explanation(state: EngineState, intent: str, at: int) -> dict[str, Any]:
+    """`engine.explain` as JSON: base-rate counts and per signal its weights and counts."""
+    found = explain(state, intent, at)
+    return {
+        "p": found.p,
+        "alpha": found.alpha,
+        "beta": found.beta,
+        "episodes": {"hits": found.episodes.hits, "misses": found.episodes.misses},
+        "signals": {
+            name: {
+                "initial": s.initial,
+                "learned": s.learned,
+                "effective": s.effective,
+                "hits": s.hits,
+                "misses": s.misses,
+                "seen": s.seen,
+                "contribution": s.contribution,
+                "impact": s.impact,
+            }
+            for name, s in found.signals.items()
+        },
+    }

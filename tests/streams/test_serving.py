@@ -1,0 +1,484 @@
+"""The lookup API without a broker: routing, the forward-loop guard, validation, auth, metrics.
+
+Workers are `streams.api` applications over fake nodes (a dict per partition stands in for the
+RocksDB copies, a dict partition -> URL for Faust's assignment), served by aiohttp's test server
+on 127.0.0.1, so forwarding between two of them is real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import pytest
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
+from aiokafka.partitioner import DefaultPartitioner
+
+from engine import Event, Replayer, create_state, explain, predict
+from schemas.config import load_config
+from schemas.stored import StoredUser, encode_stored
+from streams.api import Api, build_web_app
+from streams.metrics import Family
+from streams.serving import (
+    FORWARDED_HEADER,
+    MAX_BATCH,
+    ApiError,
+    PartitionView,
+    config_identity,
+    parse_at,
+    parse_batch,
+    parse_reveal,
+    partition_for,
+    route,
+)
+from tests.streams.test_cli_replay import CONFIG
+
+PARTITIONS = 4
+TS = 1_767_261_600_000
+MIN = 60_000
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(CONFIG)
+
+
+# --- pure parts ---------------------------------------------------------------------------
+
+
+def test_partition_for_is_kafkas_default_partitioner() -> None:
+    """murmur2 as aiokafka's (and Java's) default partitioner places keyed records."""
+    rng = random.Random(7)
+    every = list(range(PARTITIONS))
+    partitioner = DefaultPartitioner()
+    for n in range(2000):
+        user = f"user-{n}-{rng.random()}" if n % 2 else "ü" * (n % 9 + 1)
+        assert partition_for(user, PARTITIONS) == partitioner(user.encode(), every, every)
+
+
+ME, OTHER = "http://a:1", "http://b:2"
+
+
+@pytest.mark.parametrize(
+    ("local", "settling", "owner", "stale", "forwarded", "action", "role"),
+    [
+        ("active", False, ME, False, False, "local", "active"),  # the owner answers
+        ("active", False, ME, False, True, "local", "active"),  # also a forwarded request
+        (None, False, OTHER, False, False, "forward", None),  # one hop to the owner
+        (None, False, OTHER, False, True, "unavailable", None),  # the loop guard: no 2nd hop
+        ("standby", False, OTHER, True, False, "local", "standby"),  # stale: standby answers
+        ("standby", False, OTHER, False, False, "forward", None),  # not stale: the owner
+        ("active", True, ME, False, False, "unavailable", None),  # restoring here: 503
+        ("active", True, ME, True, False, "local", "active"),  # stale accepts a restoring copy
+        (None, True, None, False, False, "unavailable", None),  # no owner while rebalancing
+        (None, True, ME, False, False, "unavailable", None),  # assigned here, not open yet
+        (None, True, OTHER, False, False, "forward", None),  # the owner decides for itself
+    ],
+)
+def test_route(local, settling, owner, stale, forwarded, action, role) -> None:
+    view = PartitionView(local, settling, owner, ME)
+    decision = route(3, view, stale=stale, forwarded=forwarded)
+    assert (decision.action, decision.role) == (action, role)
+    if action == "forward":
+        assert decision.url == owner
+    if action == "unavailable":
+        assert "partition 3" in decision.reason
+
+
+def test_parse_batch_limits_and_errors(config) -> None:
+    ok = parse_batch(
+        json.dumps({"users": ["u1", {"user": "u2", "intents": ["upgrade"]}], "at": 5}).encode(),
+        config,
+    )
+    assert [(i.user, i.intents) for i in ok.items] == [("u1", None), ("u2", ["upgrade"])]
+    assert ok.at == 5 and not ok.explain and not ok.stale
+
+    def error(body: object) -> ApiError:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        with pytest.raises(ApiError) as caught:
+            parse_batch(raw, config)
+        return caught.value
+
+    too_many = error({"users": [f"u{n}" for n in range(MAX_BATCH + 1)]})
+    assert too_many.status == 413 and str(MAX_BATCH) in too_many.message
+    assert error(b"{not json").status == 400
+    assert error({"users": []}).status == 400
+    assert error({"users": ["u"], "limit": 3}).message.startswith("unknown field 'limit'")
+    unknown = error({"users": ["u", {"user": "v", "intents": ["teleport"]}]})
+    assert unknown.status == 400 and unknown.message.startswith("users[1]: unknown intent")
+    assert unknown.extra["declared"] == sorted(config.intents)
+    assert error({"users": [""]}).status == 400
+    assert error({"users": ["x" * 600]}).status == 400
+    assert error({"users": ["u"], "at": "soon"}).status == 400
+    assert error({"users": ["u"], "stale": "yes"}).status == 400
+    assert error(b"x" * (600 * 1024)).status == 413
+
+
+def test_parse_at_and_reveal(config) -> None:
+    assert parse_at(None, 42) == 42
+    assert parse_at("1767261600000", 0) == 1767261600000
+    for bad in ("-5", "1e3", "now", True, 2.5):
+        with pytest.raises(ApiError):
+            parse_at(bad, 0)
+    assert parse_reveal(b'{"intent": "upgrade"}', config, 7) == ("upgrade", 7)
+    assert parse_reveal(b'{"intent": "churn", "ts": 9}', config, 7) == ("churn", 9)
+    for bad in (b"", b"[]", b'{"intent": "teleport"}', b'{"intent": ["upgrade"]}', b'{"x": 1}'):
+        with pytest.raises(ApiError) as caught:
+            parse_reveal(bad, config, 7)
+        assert caught.value.status == 400
+
+
+# --- workers over fake nodes --------------------------------------------------------------
+
+
+@dataclass
+class FakeNode:
+    """A worker's view: which partitions it holds (and how), the owners, the table copies."""
+
+    config: Any
+    me: str = ""
+    partitions: int = PARTITIONS
+    events_topic: str = "oracular.events"
+    local: dict[int, str] = field(default_factory=dict)
+    """Partition -> "active" | "standby"."""
+    owners: dict[int, str] = field(default_factory=dict)
+    settling: bool = False
+    tables: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
+    appended: list[tuple[bytes, bytes, int]] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+    gets: int = 0
+
+    def view(self, partition: int) -> PartitionView:
+        return PartitionView(
+            self.local.get(partition),  # type: ignore[arg-type]
+            self.settling,
+            self.owners.get(partition),
+            self.me,
+        )
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        self.gets += 1
+        return self.tables.get(partition, {}).get(key)
+
+    def routing(self) -> dict[str, Any]:
+        return {"generation": 7, "partitions": {str(p): u for p, u in self.owners.items()}}
+
+    def health(self) -> list[str]:
+        return ["rebalancing"] if self.settling else []
+
+    def lag(self) -> dict[int, int]:
+        return {p: 0 for p, role in self.local.items() if role == "active"}
+
+    def counts(self) -> Mapping[str, int]:
+        return self.counters
+
+    def gauges(self) -> list[Family]:
+        return []
+
+    async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
+        self.appended.append((key, value, partition))
+        return partition, len(self.appended) - 1
+
+
+@dataclass
+class Worker:
+    node: FakeNode
+    api: Api
+    server: TestServer
+
+    @property
+    def url(self) -> str:
+        return self.node.me
+
+
+async def start_worker(config: Any, *, token: str | None = None, timeout_s: float = 2.0) -> Worker:
+    node = FakeNode(config)
+    api = Api(node, token=token, forward_timeout_s=timeout_s)
+    server = TestServer(build_web_app(api), host="127.0.0.1")
+    await server.start_server()
+    node.me = str(server.make_url("")).rstrip("/")
+    return Worker(node, api, server)
+
+
+@pytest.fixture
+async def pair(config) -> AsyncIterator[tuple[Worker, Worker]]:
+    """Two workers: A owns partitions 0 and 1, B owns 2 and 3; both know the assignment."""
+    a, b = await start_worker(config), await start_worker(config)
+    owners = {0: a.url, 1: a.url, 2: b.url, 3: b.url}
+    for worker, mine in ((a, (0, 1)), (b, (2, 3))):
+        worker.node.owners = dict(owners)
+        worker.node.local = dict.fromkeys(mine, "active")
+    yield a, b
+    await a.server.close()
+    await b.server.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[ClientSession]:
+    async with ClientSession() as session:
+        yield session
+
+
+def user_on(partition: int, prefix: str = "user") -> str:
+    n = 0
+    while partition_for(f"{prefix}-{n}", PARTITIONS) != partition:
+        n += 1
+    return f"{prefix}-{n}"
+
+
+def store(worker: Worker, config: Any, user: str, events: list[Event]) -> Any:
+    """Put `user`'s replayed state into `worker`'s copy of its partition; returns the state."""
+    replayer = Replayer(config)
+    for event in events:
+        replayer.feed(event)
+    state = replayer.states[user]
+    partition = partition_for(user, PARTITIONS)
+    raw = encode_stored(StoredUser(state, partition, 41))
+    worker.node.tables.setdefault(partition, {})[user.encode()] = raw
+    return state
+
+
+def some_events(user: str) -> list[Event]:
+    names = ["pricing.viewed", "limit.hit", "cancel.viewed", "team.viewed", "pricing.viewed"]
+    return [Event(user, TS + n * MIN, name=name, id=f"{user}-{n}") for n, name in enumerate(names)]
+
+
+async def get(http: ClientSession, url: str, **kwargs: Any) -> tuple[int, Any, Any]:
+    async with http.get(url, **kwargs) as response:
+        return response.status, await response.json(), response.headers
+
+
+async def test_any_worker_answers_with_one_hop(pair, http, config) -> None:
+    """A user owned by B, asked through A: B's answer, computed by engine.predict at `at`."""
+    a, b = pair
+    user = user_on(2)
+    state = store(b, config, user, some_events(user))
+    at = TS + 90 * MIN
+    status, body, _ = await get(http, f"{a.url}/v1/users/{user}?at={at}&explain=true")
+    assert status == 200, body
+    assert body["served_by"] == {"worker": b.url, "role": "active"}
+    assert body["known"] and body["at"] == at and body["as_of"] == state.clock
+    assert body["position"] == {"partition": 2, "offset": 41}
+    assert body["config"] == config_identity(config)
+    assert set(body["intents"]) == set(config.intents)
+    for intent, got in body["intents"].items():
+        want = predict(state, intent, at)
+        assert (got["p"], got["lower"], got["reveal"], got["suppressed_until"]) == (
+            want.p,
+            want.lower,
+            want.reveal,
+            want.suppressed_until,
+        )
+        why = explain(state, intent, at)
+        assert got["explain"]["signals"].keys() == why.signals.keys()
+        for name, signal in why.signals.items():
+            shown = got["explain"]["signals"][name]
+            assert (shown["initial"], shown["learned"], shown["effective"]) == (
+                signal.initial,
+                signal.learned,
+                signal.effective,
+            )
+            assert (shown["hits"], shown["misses"]) == (signal.hits, signal.misses)
+    assert a.node.gets == 0 and b.node.gets == 1  # one user decoded, by the owner only
+    forwards = dict(a.api.metrics.forwards)
+    assert forwards == {(("outcome", "200"),): 1}
+
+
+async def test_unknown_user_gets_the_prior_and_unknown_intent_a_400(pair, http, config) -> None:
+    a, _ = pair
+    user = user_on(0, "newcomer")
+    status, body, _ = await get(http, f"{a.url}/v1/users/{user}/intents/upgrade?at={TS}")
+    assert status == 200 and body["known"] is False and body["as_of"] is None
+    want = predict(create_state(config), "upgrade", TS)
+    assert list(body["intents"]) == ["upgrade"]
+    assert body["intents"]["upgrade"]["p"] == want.p
+    status, body, _ = await get(http, f"{a.url}/v1/users/{user}/intents/teleport")
+    assert status == 400
+    assert body["declared"] == sorted(config.intents)
+    assert "teleport" in body["error"] and "upgrade" in body["error"]
+    for bad in ("at=yesterday", "explain=maybe", "stale=2"):
+        status, body, _ = await get(http, f"{a.url}/v1/users/{user}?{bad}")
+        assert status == 400, (bad, body)
+
+
+async def test_the_forward_loop_guard_stops_after_one_hop(pair, http) -> None:
+    """A and B each believe the other owns partition 2 (a rebalance in flight): one hop,
+    then 503 with Retry-After, never a loop."""
+    a, b = pair
+    b.node.local.pop(2)
+    b.node.owners[2] = a.url
+    user = user_on(2)
+    status, body, headers = await get(http, f"{a.url}/v1/users/{user}")
+    assert status == 503 and headers["Retry-After"] == "1", body
+    assert "not owned here" in body["error"]
+    assert dict(a.api.metrics.forwards) == {(("outcome", "503"),): 1}
+    assert not b.api.metrics.forwards  # B did not forward it back
+    # A request that claims to be forwarded already is answered locally or refused, never sent on.
+    status, body, _ = await get(
+        http, f"{a.url}/v1/users/{user}", headers={FORWARDED_HEADER: "http://elsewhere"}
+    )
+    assert status == 503 and dict(a.api.metrics.forwards) == {(("outcome", "503"),): 1}
+
+
+async def test_rebalancing_partition_is_503_and_stale_reads_a_standby(pair, http, config) -> None:
+    a, b = pair
+    user = user_on(1)
+    store(a, config, user, some_events(user))
+    a.node.settling = True
+    status, body, headers = await get(http, f"{b.url}/v1/users/{user}")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert "rebalanced" in body["error"]
+    status, body, _ = await get(http, f"{b.url}/readyz")
+    assert status == 200 and body["ready"]
+    status, body, _ = await get(http, f"{a.url}/readyz")
+    assert status == 503 and body["reasons"] == ["rebalancing"]
+    # B holds a standby copy: ?stale=true reads it without a hop.
+    b.node.local[1] = "standby"
+    b.node.tables[1] = dict(a.node.tables[1])
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}?stale=true")
+    assert status == 200 and body["served_by"] == {"worker": b.url, "role": "standby"}
+    a.node.settling = False
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}")
+    assert status == 200 and body["served_by"]["worker"] == a.url
+
+
+async def test_forward_timeout_is_504(config, http) -> None:
+    """The owner does not answer in time: 504 naming it."""
+    slow = web.Application()
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    slow.router.add_get("/v1/users/{user}", hang)
+    slow_server = TestServer(slow, host="127.0.0.1")
+    await slow_server.start_server()
+    worker = await start_worker(config, timeout_s=0.2)
+    try:
+        worker.node.owners = dict.fromkeys(range(PARTITIONS), str(slow_server.make_url("")))
+        status, body, _ = await get(http, f"{worker.url}/v1/users/anyone")
+        assert status == 504 and "did not answer within 0.2 s" in body["error"]
+        key = (("endpoint", "user"), ("status", "timeout"))
+        assert worker.api.metrics.lookups[key] == 1
+    finally:
+        await worker.server.close()
+        await slow_server.close()
+
+
+async def test_batch_groups_users_by_owner(pair, http, config) -> None:
+    """300 users on all partitions through A: one forward to B for all of B's users, answers in
+    request order, unknown users found as the prior, unavailable ones said so."""
+    a, b = pair
+    users = [f"batch-{n}" for n in range(300)]
+    states = {}
+    for user in users[::3]:
+        owner = a if partition_for(user, PARTITIONS) < 2 else b
+        states[user] = store(owner, config, user, some_events(user))
+    body = {"users": [*users[:-1], {"user": users[-1], "intents": ["churn"]}], "at": TS + 60 * MIN}
+    async with http.post(f"{a.url}/v1/lookup", json=body) as response:
+        assert response.status == 200
+        answer = await response.json()
+    results = answer["results"]
+    assert [r["user"] for r in results] == users
+    assert dict(a.api.metrics.forwards) == {(("outcome", "200"),): 1}
+    for result in results:
+        user = result["user"]
+        assert result["status"] == ("found" if user in states else "unknown")
+        state = states.get(user, create_state(config))
+        for intent, got in result["intents"].items():
+            assert got["p"] == predict(state, intent, TS + 60 * MIN).p
+    assert list(results[-1]["intents"]) == ["churn"]
+    assert answer["counts"] == {"found": len(states), "unknown": len(users) - len(states)}
+    # B rebalancing: B's users are unavailable, A's still answer.
+    b.node.settling = True
+    async with http.post(f"{a.url}/v1/lookup", json={"users": users[:40]}) as response:
+        answer = await response.json()
+    for result in answer["results"]:
+        mine = partition_for(result["user"], PARTITIONS) < 2
+        assert result["status"] in (("found", "unknown") if mine else ("unavailable",))
+    async with http.post(
+        f"{a.url}/v1/lookup", json={"users": [f"u{n}" for n in range(MAX_BATCH + 1)]}
+    ) as response:
+        assert response.status == 413
+        assert str(MAX_BATCH) in (await response.json())["error"]
+    async with http.post(f"{a.url}/v1/lookup", data=b"x" * (1 << 20)) as response:
+        assert response.status == 413
+
+
+async def test_token_is_required_except_for_livez(config, http) -> None:
+    a, b = await start_worker(config, token="s3cret"), await start_worker(config, token="s3cret")
+    try:
+        a.node.owners = dict.fromkeys(range(PARTITIONS), b.url)
+        b.node.owners = dict.fromkeys(range(PARTITIONS), b.url)
+        b.node.local = dict.fromkeys(range(PARTITIONS), "active")
+        for path in ("/readyz", "/metrics", "/v1/routing", "/v1/users/u1"):
+            status, body, headers = await get(http, a.url + path)
+            assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer"), path
+            status, _, _ = await get(http, a.url + path, headers={"Authorization": "Bearer nope"})
+            assert status == 401, path
+        async with http.post(f"{a.url}/v1/users/u1/revealed", json={"intent": "upgrade"}) as r:
+            assert r.status == 401
+        status, body, _ = await get(http, f"{a.url}/livez")
+        assert status == 200 and body["live"]
+        auth = {"Authorization": "Bearer s3cret"}
+        status, body, _ = await get(http, f"{a.url}/v1/users/u1", headers=auth)
+        assert status == 200 and body["served_by"]["worker"] == b.url  # the hop kept the token
+    finally:
+        await a.server.close()
+        await b.server.close()
+
+
+async def test_reveal_appends_a_command_keyed_by_user(pair, http, config) -> None:
+    a, _ = pair
+    user = user_on(3)
+    async with http.post(f"{a.url}/v1/users/{user}/revealed", json={"intent": "upgrade"}) as r:
+        assert r.status == 202
+        body = await r.json()
+    [(key, value, partition)] = a.node.appended
+    assert key == user.encode() and partition == 3 == body["partition"]
+    command = msgpack.unpackb(value)
+    assert command == body["command"]
+    assert {k: command[k] for k in ("user", "type", "intent")} == {
+        "user": user,
+        "type": "revealed",
+        "intent": "upgrade",
+    }
+    assert isinstance(command["ts"], int) and command["id"].startswith("api-")
+    async with http.post(f"{a.url}/v1/users/{user}/revealed", json={"intent": "x"}) as r:
+        assert r.status == 400
+        assert (await r.json())["declared"] == sorted(config.intents)
+    assert len(a.node.appended) == 1
+
+
+async def test_metrics_are_prometheus_text(pair, http, config) -> None:
+    a, _ = pair
+    a.node.counters.update({"applied": 12, "duplicates": 1, "closed_by_timer": 3, "weird-name": 2})
+    a.api.metrics.batch(0.004, 10)
+    await get(http, f"{a.url}/v1/users/{user_on(0)}")
+    async with http.get(f"{a.url}/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await response.text()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples['oracular_inputs_total{outcome="applied"}'] == 12
+    assert samples['oracular_inputs_total{outcome="duplicates"}'] == 1
+    assert samples['oracular_inputs_total{outcome="dead_lettered"}'] == 0
+    assert samples["oracular_closed_by_timer_total"] == 3
+    assert samples["oracular_weird_name_total"] == 2
+    assert samples['oracular_lookups_total{endpoint="user",status="unknown"}'] == 1
+    assert samples['oracular_batch_seconds_bucket{le="0.005"}'] == 1
+    assert samples['oracular_batch_seconds_bucket{le="0.0025"}'] == 0
+    assert samples["oracular_batch_seconds_count"] == 1
+    assert samples['oracular_partition_lag{partition="0"}'] == 0
+    assert text.count("# TYPE oracular_inputs_total counter") == 1
