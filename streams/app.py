@@ -20,20 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from faust.streams import _current_event  # the partition Faust reads and writes tables on
 from faust.types import TP
 
 from engine import EngineConfig
 from schemas.config import load_config
+from streams import faust_patches  # applied on import: every worker runs patched
 from streams.processor import (
     DLQ,
     EPISODES,
@@ -41,8 +38,8 @@ from streams.processor import (
     Batch,
     InMessage,
     Processor,
-    TimePolicy,
     Table,
+    TimePolicy,
     encode_tick,
 )
 from streams.progress import Progress
@@ -51,8 +48,6 @@ from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_
 log = logging.getLogger("oracular.worker")
 
 STATE_TABLE = "oracular-state"
-REREAD_TIMEOUT_S = 15.0
-"""How long an in-place re-read of a hole may take before the worker restarts itself."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -76,11 +71,8 @@ def on_partition_of(event: Any) -> Iterator[None]:
     Inside a batch that is the batch's last message, not the one whose user is being read or
     written, so each access names its own message. (faust-streaming 0.15.3; pinned.)
     """
-    token = _current_event.set(weakref.ref(event))
-    try:
+    with faust_patches.current_event(event):
         yield
-    finally:
-        _current_event.reset(token)
 
 
 class FaustTable(Table):
@@ -187,7 +179,7 @@ def create_app(
 
         install_serving(app, runtime)
 
-    @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order, and Faust bug #606
+    @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
         async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
             for event in await runtime.run_batch(events):
@@ -209,8 +201,6 @@ def create_app(
     async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
         partitions = [tp.partition for tp in revoked if tp.topic == topics.events.name]
         processor.forget(partitions)
-        for partition in partitions:
-            runtime.holes.pop(partition, None)  # a hole of a partition we no longer own
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
@@ -236,19 +226,18 @@ class _Runtime:
         self.app, self.processor, self.table = app, processor, table
         self.settings = settings
         self.output_names = outputs
-        self.holes: dict[int, tuple[int, float]] = {}
-        """Partition -> (offset it is being re-read from, when the hole was first seen)."""
         self.backfill = backfill
         self.events_topic = settings.topics.events.name
         self.started = time.monotonic()
         self._last_summary = (self.started, 0)
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
-        """Apply a batch; returns the events to ack (all but those left to a re-read)."""
+        """Apply a batch (outputs delivered, then states written); returns the events to ack:
+        all of them, since every message is applied, skipped as a duplicate or dead-lettered."""
         batch = Batch(self.table, self.processor.config)
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
-        rewinds = self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
+        self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
         # so a failed delivery raises here, before any state records the inputs as applied.
@@ -263,75 +252,21 @@ class _Runtime:
             self.table.set(key, value, context)
         if self.backfill is not None:
             self._backfill_progress(messages)
-        if not rewinds:
-            return events
-        await self._rewind(rewinds)
-        return [
-            m.context
-            for m in messages
-            if m.topic != self.events_topic or m.offset < rewinds.get(m.partition, m.offset + 1)
-        ]
+        return events
 
     def _expect_committed(self, messages: list[InMessage]) -> None:
-        """A partition's first input after (re)assignment must be at its committed offset."""
-        committed = self.app.consumer._committed_offset  # private: no public read in Faust
+        """A partition's first input after (re)assignment is expected at its committed offset
+        (the processor counts a later one as a gap in the log)."""
+        consumer = self.app.consumer
         for message in messages:
             if (
                 message.topic == self.events_topic
                 and message.partition not in self.processor.next_offset
             ):
-                offset = committed.get(TP(self.events_topic, message.partition))
+                tp = TP(self.events_topic, message.partition)
+                offset = faust_patches.committed_offset(consumer, tp)
                 if offset is not None:
                     self.processor.expect(message.partition, offset)
-
-    async def _rewind(self, rewinds: dict[int, int]) -> None:
-        """Re-read partitions from the hole Faust left (see Processor._skipped_ahead).
-
-        Faust has marked the hole's offsets as acked (its `_gap`); those marks are removed so
-        a commit cannot move past input that was never applied. The skipped messages are not
-        acked; dropped, Faust forgets them, and the seek delivers them again in order.
-        """
-        consumer = self.app.consumer
-        for partition, offset in rewinds.items():
-            tp = TP(self.events_topic, partition)
-            gaps = consumer._gap.get(tp)  # private: Faust's acked-hole marks
-            if gaps:
-                gaps.chop(offset, 1 << 62)
-            if self.holes.get(partition, (None,))[0] != offset:  # once per hole
-                self.holes[partition] = (offset, time.monotonic())
-                log.warning(
-                    "input partition %s skipped ahead past offset %s (Faust dropped "
-                    "messages): re-reading from there",
-                    partition,
-                    offset,
-                )
-            # seek_wait runs in the consumer's own thread (Faust's plain seek does not) and
-            # resets Faust's read offset, so the re-read messages are not dropped again.
-            await consumer.seek_wait({tp: offset})
-
-    def check_holes(self) -> None:
-        """Forget holes that were re-read; restart the process if one was not in time.
-
-        The in-place re-read almost always resumes within a batch or two. If Faust keeps a
-        partition from resuming, the worker restarts itself (same command line, same pid):
-        nothing past the hole was acked, so the new process re-reads it from the committed
-        offset. Crash-only recovery from a Faust bug, logged as an error.
-        """
-        now = time.monotonic()
-        for partition, (offset, since) in list(self.holes.items()):
-            if self.processor.next_offset.get(partition, offset) > offset:
-                del self.holes[partition]
-                log.info("input partition %s re-read from offset %s", partition, offset)
-            elif now - since > REREAD_TIMEOUT_S:
-                log.error(
-                    "input partition %s did not resume from offset %s within %.0f s: "
-                    "restarting the worker",
-                    partition,
-                    offset,
-                    REREAD_TIMEOUT_S,
-                )
-                logging.shutdown()
-                os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
     def _backfill_progress(self, messages: list[InMessage]) -> None:
         backfill = self.backfill
@@ -351,9 +286,12 @@ class _Runtime:
             backfill.done()
 
     def caught_up(self, partition: int) -> bool:
-        """True when every input message of `partition` up to its high-water mark is handled.
+        """True when every input message of `partition` up to its end offset is handled.
 
-        In a backfill the mark is the end offset captured at its start.
+        The end offset is the last stable offset (the worker reads committed records only),
+        or in a backfill the end offset captured at its start. Where the partition ends in
+        records the worker never receives (transaction markers, aborted records), it is
+        caught up once the consumer has read past them and everything delivered is handled.
         """
         if self.backfill is not None:
             first = self.backfill.start.get(partition, 0)
@@ -361,22 +299,24 @@ class _Runtime:
             return reached >= self.backfill.stop.get(partition, 0)
         tp = TP(self.events_topic, partition)
         consumer = self.app.consumer
-        try:
-            highwater = consumer.highwater(tp)
-        except (AssertionError, KeyError, AttributeError):  # not fetched yet
-            return False
-        if highwater is None:
+        end = faust_patches.end_offset(consumer, tp)
+        if end is None:
             return False
         handled = self.processor.next_offset.get(partition)
         if handled is None:
             # Nothing handled since this worker took the partition: where its committed
-            # offset is the high-water mark, nothing is waiting.
-            handled = consumer._committed_offset.get(tp)  # private: Faust has no public read of it
-        return handled is not None and handled >= highwater
+            # offset is the end offset, nothing is waiting.
+            handled = faust_patches.committed_offset(consumer, tp)
+        if handled is None:
+            return False
+        if handled >= end:
+            return True
+        through = faust_patches.delivered_through(consumer, tp)
+        delivered = faust_patches.read_offset(consumer, tp)
+        return through is not None and through >= end and handled >= (delivered or handled)
 
     async def send_ticks(self, ticks: Any) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""
-        self.check_holes()
         app = self.app
         if app.rebalancing or getattr(app, "in_recovery", False):
             return
@@ -408,11 +348,10 @@ class _Runtime:
     def _lag(self) -> int | str:
         total = 0
         for partition, handled in self.processor.next_offset.items():
-            try:
-                highwater = self.app.consumer.highwater(TP(self.events_topic, partition))
-            except (AssertionError, KeyError, AttributeError):
+            end = faust_patches.end_offset(self.app.consumer, TP(self.events_topic, partition))
+            if end is None:
                 return "unknown"
-            total += max((highwater or 0) - handled, 0)
+            total += max(end - handled, 0)
         return total
 
 

@@ -1,0 +1,440 @@
+"""Fixes to faust-streaming 0.15.3's consumer, and the worker's only reads of Faust internals.
+
+faust-streaming 0.15.3 (with aiokafka 0.14.0) loses input around rebalances. Its fetch loop
+(`Consumer._drain_messages`) keeps `_read_offset` per partition and drops every fetched record
+below it. `seek` and `perform_seek` store the *next offset to read* there, the loop stores the
+*last offset delivered*, and the loop writes it after awaiting each delivery, even when a seek
+or a revocation happened meanwhile. Recovery resumes the input partitions before seeking them
+to the committed offsets, so records are delivered from the old position, the stream buffers
+are then cleared, and the loop has already moved `_read_offset` past them: when the consumer
+re-reads from the committed offset, those records are dropped as if delivered. The loop also
+marks forward jumps as acked ("gaps") one offset too far (including the record it is about to
+deliver), and the commit path (`_new_offset`, with `_add_gap`) commits past an unacked record
+at the head of a partition (upstream issue #606; its fix, PR #707, is not merged).
+
+Each patch below replaces one method with a copy of the 0.15.3 code changed as little as the fix
+needs; the comment on each says what upstream does wrong and why the change is right. They are
+applied once, when this module is imported (`streams.app` imports it, so `oracular worker` and
+`faust -A streams.app worker` both run patched), and only onto faust-streaming 0.15.3: another
+version raises `FaustVersionError`, because these methods must be re-read against it first.
+The worker reads aborted transactional input unless told otherwise, so the consumer is also set
+to `isolation_level="read_committed"` (Faust sets that only for its exactly-once mode).
+
+Nothing else in the product touches Faust's private attributes: the small read functions at the
+end of this module are the worker's only way to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final, NamedTuple, cast
+
+from faust.streams import _current_event
+from faust.tables.recovery import Recovery
+from faust.transport import consumer as consumer_module
+from faust.transport.consumer import CONSUMER_FETCHING, Consumer
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types import TP
+
+FAUST_VERSION: Final = "0.15.3"
+"""The faust-streaming release these patches were written against (and the only one applied)."""
+ISOLATION_LEVEL: Final = "read_committed"
+"""The worker reads committed transactional records only: aborted ones never reach the agent."""
+
+
+class FaustVersionError(RuntimeError):
+    """Raised on import when the installed faust-streaming is not the one patched here.
+
+    Install faust-streaming 0.15.3 (the version pinned in pyproject.toml), or re-check each
+    patched method in this module against the new version's source and update FAUST_VERSION.
+    """
+
+
+class _Delivered(NamedTuple):
+    position: int
+    read_offset: int | None
+
+
+# --- the patched methods -----------------------------------------------------------------------
+
+
+async def _drain_messages(self: Consumer, fetcher: Any) -> None:  # pragma: no cover - see tests
+    """`Consumer._drain_messages` of 0.15.3 with these changes (and nothing else).
+
+    1. `_read_offset[tp]` is the next offset to read, as `seek`, `perform_seek` and `seek_wait`
+       already store it; upstream stored the last delivered offset, so after every seek the
+       loop compared offsets against a value with another meaning.
+    2. A record the consumer has moved back over is not delivered (`_fetched_after_seeks`):
+       aiokafka only returns records below its position, so a record at or past the position
+       was fetched before a seek (a rebalance's seek to the committed offset) and the consumer
+       returns it again from there. Upstream delivered such records and moved `_read_offset`
+       past the re-read, which then dropped the records in between.
+    3. `_read_offset` moves only when the record was delivered and no seek or revocation
+       happened while the loop awaited the delivery. Upstream wrote it unconditionally after
+       the await: for a record whose delivery `stop_flow` interrupted, and over the offset a
+       concurrent seek had just set, so the re-read after the seek was dropped.
+    4. A forward jump from the next offset to read to a record's offset marks the absent
+       offsets [next, offset - 1] as a gap (acked), not [last + 1, offset]: upstream's range
+       included the record being delivered, acking it before any stream had processed it.
+    5. After a fetched batch has been delivered whole, the consumer's positions are kept
+       (`delivered_through`), so the worker can tell that a partition is read to its end when
+       its last records are transaction markers (which are not delivered).
+    """
+    getmany = self.getmany
+    consumer_should_stop = cast(Any, self)._stopped.is_set
+    fetcher_should_stop = fetcher._stopped.is_set
+    flag_consumer_fetching = CONSUMER_FETCHING
+    set_flag = self.diag.set_flag
+    unset_flag = self.diag.unset_flag
+    yield_every = 100
+    num_since_yield = 0
+
+    try:
+        while not (consumer_should_stop() or fetcher_should_stop()):
+            set_flag(flag_consumer_fetching)
+            ait = cast(AsyncIterator, getmany(timeout=1.0))
+            await self.sleep(0)
+            if not self.should_stop:
+                complete = True
+                async for tp, message in ait:
+                    num_since_yield += 1
+                    if num_since_yield > yield_every:
+                        await asyncio.sleep(0)
+                        num_since_yield = 0
+                    if not await _deliver(self, tp, message):
+                        complete = False  # stop_flow: a rebalance re-reads from the commit
+                        break
+                unset_flag(flag_consumer_fetching)
+                if complete:
+                    _keep_delivered_positions(self)
+    except self.consumer_stopped_errors:
+        if self.transport.app.should_stop:
+            self.log.info("Broker stopped consumer, shutting down...")
+            return
+        raise
+    except asyncio.CancelledError:
+        if self.transport.app.should_stop:
+            self.log.info("Consumer shutting down for user cancel.")
+            return
+        raise
+    except Exception as exc:
+        self.log.exception("Drain messages raised: %r", exc)
+        raise
+    finally:
+        unset_flag(flag_consumer_fetching)
+
+
+async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
+    """The body of the patched fetch loop for one record; False when flow was stopped."""
+    read_offset = self._read_offset
+    offset = message.offset
+    r_offset = read_offset.get(tp)
+    if (r_offset is not None and offset < r_offset) or not _fetched_after_seeks(self, tp, offset):
+        self.log.dev("DROPPED MESSAGE ROFF %r (read again later)", offset)
+        return True
+    if r_offset is not None and offset > r_offset and self.app.topics.acks_enabled_for(tp.topic):
+        # Offsets r_offset..offset-1 are not in the log (transaction markers, aborted
+        # records, compaction, retention): nothing will ever ack them.
+        await self._add_gap(tp, r_offset, offset - 1)
+    commit_every = self._commit_every
+    if commit_every is not None and self._n_acked >= commit_every:
+        self._n_acked = 0
+        await self.commit()
+    delivery = self.callback(message)
+    result = await self.wait_first(delivery, self.suspend_flow.wait())
+    if delivery not in result.done:
+        return False
+    if _fetched_after_seeks(self, tp, offset):
+        current = read_offset.get(tp)
+        if current is None or current <= offset:
+            read_offset[tp] = offset + 1
+    return True
+
+
+async def _add_gap(self: Consumer, tp: TP, offset_from: int, offset_to: int) -> None:
+    """`Consumer._add_gap` of 0.15.3, clamped at the committed offset rather than one past it.
+
+    `_committed_offset[tp]` is the next offset to read (what Kafka stores as committed), so the
+    committed offset itself can be absent from the log (a transaction marker right after the
+    last committed record is the usual case). Upstream clamped to `committed + 1`, leaving that
+    offset neither acked nor a gap; its `_new_offset` hid that with the `> 1` test patched
+    below, which in turn let it commit past an unacked record.
+    """
+    committed = self._committed_offset[tp]
+    gap_for_tp = self._gap[tp]
+    if committed is not None:
+        offset_from = max(offset_from, committed)
+    if offset_from <= offset_to:
+        gap_for_tp.addi(offset_from, offset_to + 1)  # intervaltree excludes the end
+        await asyncio.sleep(0)
+        gap_for_tp.merge_overlaps()
+
+
+def _new_offset(self: Consumer, tp: TP) -> int | None:
+    """`Consumer._new_offset` of 0.15.3 with the head-of-queue test fixed (issue #606).
+
+    The offset to commit is one past the first run of consecutive acked offsets, and only if
+    that run starts at the committed offset (the next offset to read). Upstream returned None
+    only when `min(acked) - committed > 1`, so with the record at the committed offset still
+    in flight and the next one acked it committed past it, and a crash then lost it (#606,
+    PR #707). It also skipped the test when the committed offset was 0.
+    """
+    acked = self._acked[tp]
+    if acked:
+        max_offset = max(acked)
+        gap_for_tp = self._gap[tp]
+        if gap_for_tp:
+            candidates = gap_for_tp.overlap(0, max_offset)
+            sorted_candidates = sorted(candidates, key=lambda x: x.begin)
+            if sorted_candidates:
+                stuff_to_add: list[int] = []
+                for entry in sorted_candidates:
+                    stuff_to_add.extend(range(entry.begin, entry.end))
+                new_max_offset = max(stuff_to_add[-1], max_offset + 1)
+                acked.extend(stuff_to_add)
+                gap_for_tp.chop(0, new_max_offset)
+        acked.sort()
+        committed_offset = self._committed_offset[tp]
+        if committed_offset is not None and min(acked) > committed_offset:
+            return None  # the record at the committed offset is not acked yet
+        batch = next(consumer_module.consecutive_numbers(acked))
+        acked[: len(batch)] = []
+        self._acked_index[tp].difference_update(batch)
+        return int(batch[-1]) + 1
+    return None
+
+
+async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None:
+    """`Recovery.on_recovery_completed` of 0.15.3, seeking input before resuming it.
+
+    Upstream resumed the input partitions first, then awaited the seek to the committed
+    offsets, then resumed flow control, which clears every stream buffer. Fetching is running
+    at that point (recovery resumed it), so input was fetched from the old position, delivered
+    into buffers, and cleared, and the fetch loop had already moved its read offset past it.
+    Here the partitions are sought first and resumed only after the buffers are cleared, so
+    everything delivered from then on is read from the committed offsets and kept.
+    """
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    callback_coros = [
+        asyncio.ensure_future(
+            table.on_recovery_completed(
+                self.actives_for_table[table],
+                self.standbys_for_table[table],
+            )
+        )
+        for table in self.tables.values()
+    ]
+    if callback_coros:
+        await asyncio.wait(callback_coros)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning(
+            f"Recovery rebalancing again app id "
+            f"{self.app.consumer_generation_id} param {generation_id}"
+        )
+        return
+    if assignment:
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    self.completed.set()
+    self.log.dev("Resume stream partitions")
+    self.app.flow_control.resume()  # clears the stream buffers: before any input is fetched
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    consumer.resume_flow()
+    await cast(Any, self.app)._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
+    self.log.info("Worker ready")
+
+
+def _read_committed(create: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap `AIOKafkaConsumerThread._create_worker_consumer` to read committed records only.
+
+    Upstream passes `isolation_level="read_committed"` only in exactly-once mode, so an
+    at-least-once worker applies records of aborted transactions. aiokafka reads the attribute
+    when the consumer starts (it builds its fetcher then), so setting it on the new, not yet
+    started consumer is enough.
+    """
+
+    def create_worker_consumer(self: AIOKafkaConsumerThread, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._isolation_level = ISOLATION_LEVEL
+        return consumer
+
+    create_worker_consumer.__wrapped__ = create  # type: ignore[attr-defined]
+    return create_worker_consumer
+
+
+# --- applying them -------------------------------------------------------------------------------
+
+PATCHES: Final[tuple[tuple[type, str, Callable[..., Any]], ...]] = (
+    (Consumer, "_drain_messages", _drain_messages),
+    (Consumer, "_add_gap", _add_gap),
+    (Consumer, "_new_offset", _new_offset),
+    (Recovery, "on_recovery_completed", _on_recovery_completed),
+    (
+        AIOKafkaConsumerThread,
+        "_create_worker_consumer",
+        _read_committed(AIOKafkaConsumerThread._create_worker_consumer),
+    ),
+)
+"""(class, method name, replacement) of every patch."""
+
+ORIGINALS: Final[dict[tuple[type, str], Callable[..., Any]]] = {}
+"""(class, method name) -> the upstream method, kept for the tests and for `unpatch`."""
+
+
+def installed_version() -> str:
+    """The installed faust-streaming distribution's version."""
+    return importlib.metadata.version("faust-streaming")
+
+
+def check_version(version: str | None = None) -> None:
+    """Raise FaustVersionError unless `version` (default: the installed one) is FAUST_VERSION."""
+    found = installed_version() if version is None else version
+    if found != FAUST_VERSION:
+        msg = (
+            f"streams.faust_patches: faust-streaming {found} is installed, but these patches "
+            f"were written for faust-streaming {FAUST_VERSION} (they replace methods of its "
+            f"consumer and recovery); install faust-streaming=={FAUST_VERSION}, or re-check "
+            "each patched method against the new source and update FAUST_VERSION"
+        )
+        raise FaustVersionError(msg)
+
+
+def apply(version: str | None = None) -> None:
+    """Apply every patch once (idempotent); refuses any faust-streaming but FAUST_VERSION."""
+    check_version(version)
+    for owner, name, replacement in PATCHES:
+        if (owner, name) not in ORIGINALS:
+            ORIGINALS[owner, name] = owner.__dict__[name]
+        setattr(owner, name, replacement)
+
+
+def unpatch() -> None:
+    """Put the upstream methods back (for the tests that show what the patches fix)."""
+    for (owner, name), original in ORIGINALS.items():
+        setattr(owner, name, original)
+
+
+def applied() -> bool:
+    """True when every patch is in place."""
+    return all(owner.__dict__.get(name) is patch for owner, name, patch in PATCHES)
+
+
+# --- reads of Faust's and aiokafka's state (the worker's only ones) ------------------------------
+
+
+def _aiokafka_consumer(consumer: Any) -> Any | None:
+    thread = getattr(consumer, "_thread", None)
+    return getattr(thread, "_consumer", None)
+
+
+def _partition_state(consumer: Any, tp: TP) -> Any | None:
+    client = _aiokafka_consumer(consumer)
+    if client is None:
+        return None
+    subscription = client._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    return None if assignment is None else assignment.state_value(tp)
+
+
+def fetch_position(consumer: Any, tp: TP) -> int | None:
+    """aiokafka's position for `tp`: every record below it has been returned to Faust."""
+    state = _partition_state(consumer, tp)
+    if state is None or not state.has_valid_position:
+        return None
+    return int(state.position)
+
+
+def _fetched_after_seeks(consumer: Any, tp: TP, offset: int) -> bool:
+    """False when the consumer's position moved back to `offset` or before (a seek), or `tp`
+    is no longer assigned: the record was fetched before that and will be returned again.
+
+    True when the position is unknown because the consumer is not aiokafka's (no check).
+    """
+    if _aiokafka_consumer(consumer) is None:
+        return True
+    position = fetch_position(consumer, tp)
+    return position is not None and position > offset
+
+
+def _keep_delivered_positions(consumer: Any) -> None:
+    """After a fetched batch was delivered whole: remember each partition's position."""
+    client = _aiokafka_consumer(consumer)
+    if client is None:
+        return
+    subscription = client._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    kept: dict[TP, _Delivered] = {}
+    if assignment is not None:
+        read = consumer._read_offset
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is not None and state.has_valid_position:
+                kept[tp] = _Delivered(int(state.position), read.get(tp))
+    consumer._oracular_delivered = kept
+
+
+@contextlib.contextmanager
+def current_event(event: Any) -> Iterator[None]:
+    """Make `event` Faust's current event (Faust picks a table's partition from it)."""
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def committed_offset(consumer: Any, tp: TP) -> int | None:
+    """The offset the consumer last committed for `tp` (or found committed when assigned)."""
+    value = consumer._committed_offset.get(tp)
+    return None if value is None else int(value)
+
+
+def read_offset(consumer: Any, tp: TP) -> int | None:
+    """The next offset of `tp` the fetch loop will deliver (one past the last delivered)."""
+    value = consumer._read_offset.get(tp)
+    return None if value is None else int(value)
+
+
+def delivered_through(consumer: Any, tp: TP) -> int | None:
+    """An offset below which every record of `tp` was delivered to the streams or is not
+    data (transaction markers, aborted records); None when not known right now.
+
+    Known once the fetch loop has delivered a whole fetched batch and has not delivered or
+    sought `tp` since.
+    """
+    kept = getattr(consumer, "_oracular_delivered", {}).get(tp)
+    if kept is None or kept.read_offset != consumer._read_offset.get(tp):
+        return None
+    return int(kept.position)
+
+
+def end_offset(consumer: Any, tp: TP) -> int | None:
+    """The offset `tp` is read to when caught up: the last stable offset when reading
+    committed records (records past it may still be aborted), else the high-water mark.
+    None until the consumer has fetched `tp`.
+    """
+    client = _aiokafka_consumer(consumer)
+    try:
+        if client is not None and client._isolation_level == ISOLATION_LEVEL:
+            stable = client.last_stable_offset(tp)
+            if stable is not None and stable >= 0:
+                return int(stable)
+        value = consumer.highwater(tp)
+    except (AssertionError, KeyError, AttributeError):  # not fetched yet, or not started
+        return None
+    return None if value is None else int(value)
+
+
+apply()

@@ -1,0 +1,457 @@
+"""The faust-streaming 0.15.3 patches (streams/faust_patches.py), without a broker.
+
+Faust's real consumer runs its real fetch loop (`_drain_messages`) and its real recovery step
+(`Recovery.on_recovery_completed`) against a scripted partition: a fake aiokafka consumer with a
+log, a position and seeks, a delivery callback standing in for the stream buffers, and flow
+control that clears them as Faust's does. Each scenario waits on conditions, never on sleeps.
+
+The `upstream` tests run the same scenarios with the patches removed and assert that Faust
+0.15.3 still misbehaves: if one fails, Faust's code under the patch changed, and the patch must
+be re-read against it. Set ORACULAR_FAUST_UNPATCHED=1 to run the patched tests against upstream
+(they then fail, which is how the regression test was shown to catch the drop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import pytest
+from aiokafka.structs import ConsumerRecord
+from faust.tables.recovery import Recovery
+from faust.types import TP
+
+from streams import faust_patches
+from streams.faust_patches import FAUST_VERSION, FaustVersionError
+
+INPUT = TP("events", 0)
+CHANGELOG = TP("app-state-changelog", 0)
+COMMITTED = 2
+LOG_END = 12  # records at offsets 0..11
+MAX_RECORDS = 4  # per fetch, as broker_max_poll_records would cap it
+QUEUE_SIZE = 2  # a stream buffer that fills up (stream_buffer_maxsize)
+SCENARIO_TIMEOUT_S = 30.0  # each scenario takes milliseconds; this only bounds a hang
+UNPATCHED = os.environ.get("ORACULAR_FAUST_UNPATCHED") == "1"
+
+SOURCE_SHA256 = {
+    # (class, method) -> sha256 of the 0.15.3 source the patch replaces. A new value means
+    # Faust changed that method: re-read it against the patch before updating the hash.
+    "Consumer._drain_messages": "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
+    "Consumer._add_gap": "4df2573ded7c1c2cde04dc6bde6d4480cb5875ef565256e56966b585ae39b1c1",
+    "Consumer._new_offset": "1d2c7ea89a7ad4f1a216c1d51936e569162cd66bd56f889e13fd29c910b58eb0",
+    "Recovery.on_recovery_completed": (
+        "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac"
+    ),
+    "AIOKafkaConsumerThread._create_worker_consumer": (
+        "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7"
+    ),
+}
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    """The patches as the worker runs them (or upstream, with ORACULAR_FAUST_UNPATCHED=1)."""
+    if UNPATCHED:
+        faust_patches.unpatch()
+    try:
+        yield
+    finally:
+        faust_patches.apply()
+
+
+@pytest.fixture
+def upstream() -> Iterator[None]:
+    """Faust 0.15.3 as released: the patches removed for the test, then put back."""
+    faust_patches.unpatch()
+    try:
+        yield
+    finally:
+        faust_patches.apply()
+
+
+# --- a scripted partition -----------------------------------------------------------------
+
+
+class _PartitionState:
+    """What aiokafka keeps per assigned partition: the position (next offset to return)."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        self.has_valid_position = True
+
+
+class FakeKafka:
+    """aiokafka's consumer as Faust's fetch loop sees it: one input partition with a log.
+
+    A fetch returns up to MAX_RECORDS records from the position and moves it past them; a
+    seek moves it. `states` is read by the patches the way they read aiokafka's.
+    """
+
+    def __init__(self, position: int) -> None:
+        self.states = {INPUT: _PartitionState(position)}
+        self._isolation_level = faust_patches.ISOLATION_LEVEL
+        self._subscription = SimpleNamespace(
+            subscription=SimpleNamespace(
+                assignment=SimpleNamespace(tps=set(self.states), state_value=self.states.get)
+            )
+        )
+        self.idle = asyncio.Event()
+        """Set when a fetch found nothing to return (the input paused or read to its end)."""
+
+    def fetch(self, active: set[TP]) -> dict[TP, list[ConsumerRecord]]:
+        state = self.states[INPUT]
+        if INPUT not in active or state.position >= LOG_END:
+            self.idle.set()
+            return {}
+        self.idle.clear()
+        offsets = range(state.position, min(state.position + MAX_RECORDS, LOG_END))
+        state.position = offsets[-1] + 1
+        return {INPUT: [_record(o) for o in offsets]}
+
+    def seek(self, offset: int) -> None:
+        self.states[INPUT].position = offset
+
+    def assignment(self) -> set[TP]:
+        return {INPUT, CHANGELOG}
+
+    def highwater(self, tp: TP) -> int:
+        return LOG_END
+
+    def last_stable_offset(self, tp: TP) -> int:
+        return LOG_END
+
+
+def _record(offset: int) -> ConsumerRecord:
+    return ConsumerRecord(INPUT.topic, INPUT.partition, offset, 0, 0, b"u1", b"v", None, 2, 1, ())
+
+
+@dataclass
+class StreamBuffer:
+    """The stream buffers: deliveries block while full; flow control clears them."""
+
+    items: list[int] = field(default_factory=list)
+    blocked: asyncio.Event = field(default_factory=asyncio.Event)
+    space: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def deliver(self, message: Any) -> None:
+        while len(self.items) >= QUEUE_SIZE:
+            self.space.clear()
+            self.blocked.set()
+            await self.space.wait()
+        self.items.append(message.offset)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.space.set()
+
+    def take(self) -> list[int]:
+        taken, self.items[:] = list(self.items), []
+        self.space.set()
+        return taken
+
+
+@dataclass
+class Worker:
+    """Faust's real consumer wired to a FakeKafka and a StreamBuffer."""
+
+    consumer: Any
+    kafka: FakeKafka
+    buffer: StreamBuffer
+    app: Any
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    """Workers made by a test; their consumer threads' unused event loops closed after it."""
+    made: list[Worker] = []
+    yield made
+    for worker in made:
+        worker.consumer._thread.thread_loop.close()
+
+
+def make_worker(workers: list[Worker], position: int = COMMITTED) -> Worker:
+    """A consumer right after a rebalance: the input assigned but paused, nothing read yet."""
+    app = faust.App(
+        "patch-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    consumer = app.consumer
+    kafka = FakeKafka(position)
+    buffer = StreamBuffer()
+    consumer._thread._consumer = kafka
+    consumer.callback = buffer.deliver
+    consumer._active_partitions = {CHANGELOG}  # recovery reads the changelog; input paused
+
+    async def getmany(active_partitions: set[TP], timeout: float) -> dict[TP, list[Any]]:
+        records = kafka.fetch(active_partitions)
+        if not records:
+            await asyncio.sleep(0.01)  # as a real fetch waits; the scenarios wait on events
+        return records
+
+    async def seek_to_committed() -> dict[TP, int]:
+        # aiokafka's seek runs in the consumer's thread while the fetch loop goes on: it
+        # happens here once the loop is stuck delivering or has nothing to fetch.
+        kafka.idle.clear()
+        blocked = asyncio.ensure_future(buffer.blocked.wait())
+        idle = asyncio.ensure_future(kafka.idle.wait())
+        await asyncio.wait({blocked, idle}, return_when=asyncio.FIRST_COMPLETED)
+        blocked.cancel()
+        idle.cancel()
+        kafka.seek(COMMITTED)
+        return {INPUT: COMMITTED}
+
+    consumer._getmany = getmany
+    consumer.seek_to_committed = seek_to_committed
+    worker = Worker(consumer, kafka, buffer, app)
+    workers.append(worker)
+    return worker
+
+
+def fake_recovery(worker: Worker) -> Any:
+    """What `Recovery.on_recovery_completed` uses of a Recovery (no tables, no standbys)."""
+    consumer = worker.consumer
+
+    async def wait(coro: Any, timeout: float | None = None) -> None:
+        await coro
+
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    app = SimpleNamespace(
+        consumer=consumer,
+        consumer_generation_id=0,
+        conf=SimpleNamespace(broker_request_timeout=90.0),
+        on_rebalance_complete=SimpleNamespace(send=nothing),
+        flow_control=SimpleNamespace(resume=worker.buffer.clear),  # Faust's clears buffers
+        _fetcher=SimpleNamespace(maybe_start=nothing),
+        assignor=SimpleNamespace(assigned_standbys=set),
+        on_rebalance_end=lambda: None,
+    )
+    return SimpleNamespace(
+        app=app,
+        log=SimpleNamespace(info=lambda *a: None, dev=lambda *a: None, warning=lambda *a: None),
+        tables=SimpleNamespace(
+            values=lambda: [], on_actives_ready=lambda: None, on_standbys_ready=lambda: None
+        ),
+        actives_for_table={},
+        standbys_for_table={},
+        completed=asyncio.Event(),
+        _set_recovery_ended=lambda: None,
+        _wait=wait,
+        _is_changelog_tp=lambda tp: tp == CHANGELOG,
+    )
+
+
+async def _wait_until(condition: Any, what: str) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), SCENARIO_TIMEOUT_S)
+    except TimeoutError:
+        pytest.fail(f"{what} did not happen within {SCENARIO_TIMEOUT_S} s")
+
+
+async def recover_then_process(worker: Worker) -> list[int]:
+    """Faust's recovery step with the fetch loop running, then the agent draining the buffer.
+
+    Returns the input offsets the agent got, in order.
+    """
+    consumer, kafka, buffer = worker.consumer, worker.kafka, worker.buffer
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    loop = asyncio.ensure_future(consumer._drain_messages(fetcher))
+    try:
+        await _wait_until(kafka.idle.is_set, "a first fetch")
+        await Recovery.on_recovery_completed(fake_recovery(worker), 0)
+        processed: list[int] = []
+
+        def read_to_end() -> bool:
+            processed.extend(buffer.take())
+            return kafka.states[INPUT].position >= LOG_END and kafka.idle.is_set()
+
+        await _wait_until(read_to_end, "reading the input to its end")
+        processed.extend(buffer.take())
+        return processed
+    finally:
+        fetcher._stopped.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+# --- the drop, end to end --------------------------------------------------------------------
+
+
+async def test_recovery_delivers_every_input_record_from_the_committed_offset(patched, workers):
+    """After recovery the agent gets every record from the committed offset on, in order."""
+    worker = make_worker(workers)
+    processed = await recover_then_process(worker)
+    assert processed == list(range(COMMITTED, LOG_END))
+
+
+async def test_upstream_recovery_drops_input_it_delivered_before_seeking(upstream, workers):
+    """Faust 0.15.3: records delivered before the seek are cleared, and their re-read dropped.
+
+    Recovery resumes the input, the fetch loop delivers records 2, 3 and is stuck on 4 (the
+    buffer is full) while the seek to the committed offset 2 runs; resuming flow control then
+    clears the buffer, the loop records 4 as read, and the re-read of 2 and 3 is dropped.
+    """
+    worker = make_worker(workers)
+    processed = await recover_then_process(worker)
+    assert set(range(COMMITTED, LOG_END)) - set(processed) == {2, 3}, processed
+
+
+async def test_a_record_fetched_before_a_seek_back_is_read_again_not_past(patched, workers):
+    """The fetch loop delivering a batch when the consumer is sought back to the committed
+    offset: the rest of the batch is not delivered, and the re-read is, from that offset."""
+    worker = make_worker(workers)
+    consumer, kafka, buffer = worker.consumer, worker.kafka, worker.buffer
+    consumer.resume_partitions({INPUT})
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    loop = asyncio.ensure_future(consumer._drain_messages(fetcher))
+    try:
+        await _wait_until(buffer.blocked.is_set, "the buffer filling up")  # 2, 3 in; 4 waits
+        await consumer.perform_seek()  # back to 2: what was fetched is fetched again
+        processed: list[int] = []
+
+        def read_to_end() -> bool:
+            processed.extend(buffer.take())
+            return kafka.states[INPUT].position >= LOG_END and kafka.idle.is_set()
+
+        await _wait_until(read_to_end, "reading the input to its end")
+        processed.extend(buffer.take())
+    finally:
+        fetcher._stopped.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    # 4 was in delivery during the seek (it reached the buffer); everything from 2 follows.
+    assert processed[:2] == [2, 3]
+    assert processed[-(LOG_END - COMMITTED) :] == list(range(COMMITTED, LOG_END)), processed
+
+
+# --- commits: gaps and the head of the acked offsets (#606) ------------------------------------
+
+
+def _consumer_at(workers: list[Worker], committed: int) -> Any:
+    consumer = make_worker(workers).consumer
+    consumer._committed_offset[INPUT] = committed
+    return consumer
+
+
+def _ack(consumer: Any, *offsets: int) -> None:
+    consumer._acked[INPUT].extend(offsets)
+    consumer._acked_index[INPUT].update(offsets)
+
+
+def test_no_commit_past_an_unacked_record_at_the_committed_offset(patched, workers):
+    """Record 10 (the committed offset) still in flight, 11 and 12 acked: nothing to commit."""
+    consumer = _consumer_at(workers, 10)
+    _ack(consumer, 11, 12)
+    assert consumer._new_offset(INPUT) is None
+    _ack(consumer, 10)
+    assert consumer._new_offset(INPUT) == 13
+
+
+def test_upstream_commits_past_an_unacked_record_at_the_committed_offset(upstream, workers):
+    """Faust 0.15.3 (#606): with 10 unacked and 11, 12 acked it commits 13."""
+    consumer = _consumer_at(workers, 10)
+    _ack(consumer, 11, 12)
+    assert consumer._new_offset(INPUT) == 13
+
+
+async def test_a_gap_at_the_committed_offset_is_acked(patched, workers):
+    """A transaction marker at the committed offset (10): the gap mark covers it, so acking
+    11 commits 12."""
+    consumer = _consumer_at(workers, 10)
+    await consumer._add_gap(INPUT, 10, 10)
+    _ack(consumer, 11)
+    assert consumer._new_offset(INPUT) == 12
+
+
+async def test_upstream_leaves_the_committed_offset_out_of_a_gap(upstream, workers):
+    """Faust 0.15.3 clamps a gap to one past the committed offset."""
+    consumer = _consumer_at(workers, 10)
+    await consumer._add_gap(INPUT, 10, 12)
+    assert sorted((i.begin, i.end) for i in consumer._gap[INPUT]) == [(11, 13)]
+
+
+async def test_the_fetch_loop_marks_only_absent_offsets_as_a_gap(patched, workers):
+    """After a seek to 10, a first record at 12 (10 and 11 are markers) marks 10..11 as a gap,
+    not the delivered record 12; acking 12 then commits 13."""
+    worker = make_worker(workers, position=13)  # record 12 was fetched
+    consumer = worker.consumer
+    consumer._committed_offset[INPUT] = 10
+    consumer._read_offset[INPUT] = 10
+    consumer.app.topics._acking_topics.add(INPUT.topic)
+    assert await faust_patches._deliver(consumer, INPUT, SimpleNamespace(offset=12))
+    assert sorted((i.begin, i.end) for i in consumer._gap[INPUT]) == [(10, 12)]
+    assert worker.buffer.items == [12] and consumer._read_offset[INPUT] == 13
+    _ack(consumer, 12)
+    assert consumer._new_offset(INPUT) == 13
+
+
+# --- reading committed records ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("patch", "level"), [("patched", "read_committed"), ("upstream", "read_uncommitted")]
+)
+async def test_the_worker_consumer_reads_committed_records_only(request, workers, patch, level):
+    """Patched, the worker's aiokafka consumer reads committed records; upstream, not."""
+    request.getfixturevalue(patch)
+    consumer = make_worker(workers).consumer
+    client = consumer._thread._create_worker_consumer(consumer.transport)
+    try:
+        assert client._isolation_level == level
+    finally:
+        await client.stop()
+
+
+# --- what the patches are applied to ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", sorted(SOURCE_SHA256))
+def test_the_patched_upstream_source_is_the_one_the_patch_was_written_for(method):
+    """Each replaced method's upstream source is byte for byte the 0.15.3 one."""
+    owner, name = method.split(".")
+    [original] = [
+        f for (o, n), f in faust_patches.ORIGINALS.items() if (o.__name__, n) == (owner, name)
+    ]
+    source = inspect.getsource(original)
+    assert hashlib.sha256(source.encode()).hexdigest() == SOURCE_SHA256[method], (
+        f"faust-streaming's {method} changed: re-read it against streams/faust_patches.py"
+    )
+
+
+def test_every_patch_is_applied_once_on_import():
+    """Importing streams.app applies them; applying again changes nothing."""
+    import streams.app  # noqa: F401 - the import is the point
+
+    assert faust_patches.applied()
+    before = dict(faust_patches.ORIGINALS)
+    faust_patches.apply()
+    assert faust_patches.applied() and before == faust_patches.ORIGINALS
+    assert len(before) == len(faust_patches.PATCHES) == len(SOURCE_SHA256)
+
+
+@pytest.mark.parametrize("version", ["0.15.2", "0.15.4", "0.16.0"])
+def test_the_patches_refuse_another_faust_version(version):
+    """Another faust-streaming version is refused with what to do, and nothing is patched."""
+    with pytest.raises(
+        FaustVersionError,
+        match=rf"faust-streaming {version} is installed.*"
+        rf"written for faust-streaming {FAUST_VERSION}.*install ",
+    ):
+        faust_patches.apply(version)
+    assert faust_patches.applied()
+
+
+def test_the_installed_faust_is_the_patched_version():
+    """The environment has the version the patches were written for."""
+    assert faust_patches.installed_version() == FAUST_VERSION == faust.__version__
