@@ -2,7 +2,8 @@
 
 Version 2 (written by this worker):
 
-    [2, partition, last_offset, open_since, state_record, inputs, episodes, clock, timer_close]
+    [2, partition, last_offset, open_since, state_record, inputs, episodes, clock, timer_close,
+     tick_offset]
 
 - `partition` and `last_offset`: the source partition and offset of the last input applied;
   an input at or below `last_offset` was already applied (a redelivery) and is skipped.
@@ -21,6 +22,10 @@ Version 2 (written by this worker):
 - `timer_close`: when the timer (not the user's own event) closed the user's last episode,
   its close time, else None. A later event of the user at or before it shows the close came
   too early: counted as `closed_early` (see docs/time.md).
+- `tick_offset`: when a tick wrote the user last (a timer close), the tick's offset on the
+  ticks topic, else None. After a restart, users written by a tick at or past the committed
+  ticks offset are written again, so the changelog cannot miss a timer close that the local
+  store has (the tick itself is redelivered, but finds nothing left to close).
 
 Version 1 (`[1, partition, last_offset, deadline, state_record]`) is still read: the missing
 fields are derived from the state (inputs and episodes start at 0).
@@ -43,7 +48,7 @@ from engine import (
 
 STORED_VERSION: Final = 2
 _V1_LENGTH: Final = 5
-_V2_LENGTH: Final = 9
+_V2_LENGTH: Final = 10
 
 
 @dataclass(slots=True)
@@ -62,6 +67,8 @@ class StoredUser:
     """The latest event time of this user that counts toward its partition's watermark."""
     timer_close: int | None = None
     """The close time of the user's last episode when the timer closed it, else None."""
+    tick_offset: int | None = None
+    """The offset of the tick that wrote this state last, if a tick did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,8 @@ class StoredIndex:
     """The open episode's last event time, or None."""
     clock: int | None
     """See `StoredUser.clock`."""
+    tick_offset: int | None = None
+    """See `StoredUser.tick_offset`."""
 
 
 def encode_stored(user: StoredUser) -> bytes:
@@ -89,6 +98,7 @@ def encode_stored(user: StoredUser) -> bytes:
             user.episodes,
             user.clock,
             user.timer_close,
+            user.tick_offset,
         ]
     )
     return value
@@ -110,7 +120,7 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
         raise StateFormatError(msg) from exc
     if value[0] == 1:
         return StoredUser(state, value[1], value[2], clock=state.clock)
-    return StoredUser(state, value[1], value[2], value[5], value[6], value[7], value[8])
+    return StoredUser(state, value[1], value[2], *value[5:10])
 
 
 def stored_index(raw: bytes) -> StoredIndex:
@@ -123,7 +133,7 @@ def stored_index(raw: bytes) -> StoredIndex:
     if value[0] == 1:
         episode = _v1_episode(value[4])
         return StoredIndex(value[1], episode[0], episode[1])
-    return StoredIndex(value[1], value[3], value[7])
+    return StoredIndex(value[1], value[3], value[7], value[9])
 
 
 def _v1_episode(record: Any) -> tuple[int | None, int | None]:
@@ -169,7 +179,7 @@ def _ints(value: list[Any]) -> bool:
     ok = isinstance(value[1], int) and isinstance(value[2], int)
     if value[0] == 1:
         return ok and (value[3] is None or isinstance(value[3], int))
-    optional = (value[3], value[7], value[8])
+    optional = (value[3], value[7], value[8], value[9])
     return (
         ok
         and isinstance(value[5], int)

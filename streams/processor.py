@@ -218,6 +218,8 @@ class Processor:
         """Partition -> heap of (deadline, user key). An entry whose deadline is no longer
         the user's (in `open`) is stale and skipped; the heap is compacted when stale entries
         outnumber live ones, so it holds at most about two entries per open episode."""
+        self.rewrite: dict[int, list[bytes]] = {}
+        """Partition -> users to write again on its next batch (see `rebuild`)."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
@@ -242,6 +244,8 @@ class Processor:
         """Apply `messages` in order; outputs and writes accumulate in `batch`."""
         for message in messages:
             partition = message.partition
+            if self.rewrite and partition in self.rewrite:
+                self._write_again(batch, message, self.rewrite.pop(partition))
             if message.topic == self.ticks_topic:
                 self.on_tick(batch, message, caught_up(partition), wall_ms())
                 continue
@@ -253,6 +257,16 @@ class Processor:
             self.next_offset[partition] = max(
                 self.next_offset.get(partition, 0), message.offset + 1
             )
+
+    def _write_again(self, batch: Batch, message: InMessage, keys: list[bytes]) -> None:
+        """Write users again unchanged (one changelog record each), on `message`'s partition."""
+        for key in keys:
+            try:
+                slot = batch.slot(key, message)
+            except StateFormatError:
+                continue
+            slot.dirty = True
+            self.counts["rewritten"] += 1
 
     def _check_contiguous(self, message: InMessage) -> None:
         """Count (and log once per hole) input offsets that were never delivered.
@@ -478,6 +492,7 @@ class Processor:
                 number,
                 user.clock,
                 transition.closed.closed_at,
+                message.offset if message.topic == self.ticks_topic else None,
             )
             slot.context = message.context
             slot.dirty = True
@@ -502,14 +517,23 @@ class Processor:
 
     # --- partitions and the deadline index -----------------------------------------------
 
-    def rebuild(self, items: Iterable[tuple[bytes, bytes]], wall_ms: int | None = None) -> None:
+    def rebuild(
+        self,
+        items: Iterable[tuple[bytes, bytes]],
+        wall_ms: int | None = None,
+        committed_ticks: Callable[[int], int | None] | None = None,
+    ) -> None:
         """Rebuild clocks and the deadline index from the table's (key, value) pairs.
 
         Called after recovery. Each partition's event time is the largest of its users'
         clocks, and its idle time starts now (`wall_ms`). Deadlines use the current
         `episodeTimeout`, so a changed timeout applies to episodes already open.
+
+        Users last written by a tick at or past the committed offset of its ticks partition
+        (`committed_ticks`; None: unknown, so every such user) may be in the local store
+        without their changelog record: the next batch of their partition writes them again.
         """
-        self.open, self.deadlines = {}, {}
+        self.open, self.deadlines, self.rewrite = {}, {}, {}
         timeout = self.config.episode_timeout_ms
         for key, raw in items:
             try:
@@ -518,6 +542,10 @@ class Processor:
                 self.counts["unreadable_states"] += 1
                 continue
             clock = self._clock(index.partition)
+            if index.tick_offset is not None:
+                committed = None if committed_ticks is None else committed_ticks(index.partition)
+                if committed is None or index.tick_offset >= committed:
+                    self.rewrite.setdefault(index.partition, []).append(key)
             if wall_ms is not None:
                 clock.last_input_wall = wall_ms
             if index.clock is not None and (
@@ -554,6 +582,7 @@ class Processor:
             self.next_offset.pop(partition, None)
             self.open.pop(partition, None)
             self.deadlines.pop(partition, None)
+            self.rewrite.pop(partition, None)
             self._gap_logged.pop(partition, None)
 
     def _clock(self, partition: int) -> PartitionClock:

@@ -14,12 +14,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.synthetic import clickstream
-from engine import END_OF_TIME, replay
+from engine import END_OF_TIME
 from infra.broker import REPO_ROOT
 from schemas.config import load_config
-from schemas.outputs import decode_output, episode_message, prediction_message
+from schemas.outputs import decode_output
 from streams.admin import ensure_topics_async
 from streams.topics import product_topics
+
+from .worker_support import expected_outputs
 
 pytestmark = pytest.mark.integration
 
@@ -81,19 +83,7 @@ async def _setup(kafka: str, prefix: str, events) -> None:
 
 
 def _expected(config, events) -> dict[str, dict]:
-    result = replay(config, events, until=END_OF_TIME)
-    expected = {}
-    for step in result.steps:
-        if step.closed is not None:
-            message = episode_message(step.event.user, step.closed)
-            expected[message["id"]] = message
-        message = prediction_message(step.event.user, step, -1)
-        if message is not None:
-            expected[message["id"]] = message
-    for user, closed in result.closed_at_end:
-        message = episode_message(user, closed)
-        expected[message["id"]] = message
-    return expected
+    return expected_outputs(config, events, until=END_OF_TIME).messages
 
 
 async def _outputs(kafka: str, topics: list[str], count: int) -> dict[str, dict]:

@@ -24,7 +24,7 @@ from .conftest import WorkerFactory
 from .support import FaustWorker
 from .worker_support import (
     COMPLETION_TIMEOUT_S,
-    HUGE_GRACE_MS,
+    NO_WALL_CLOCK,
     PARTITIONS,
     Deployment,
     Expected,
@@ -98,7 +98,7 @@ async def test_live_run_equals_the_replay(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
 ) -> None:
     """Events produced in chunks to a running worker give the replay's messages and states."""
-    dep = deployment(kafka, request.node.name, settings={"ORACULAR_GRACE_MS": str(HUGE_GRACE_MS)})
+    dep = deployment(kafka, request.node.name, settings=NO_WALL_CLOCK)
     events = generate_stream(dep.config, events=5_000, users=200, seed=11)
     assert_stream_exercises_everything(dep, events)
     # Far after every deadline of the stream: each partition's watermark passes them all.
@@ -142,7 +142,11 @@ async def test_silent_user_is_closed_on_time_by_the_wall_clock(
         kafka,
         request.node.name,
         config_path=config_path,
-        settings={"ORACULAR_GRACE_MS": "0", "ORACULAR_TICK_INTERVAL_S": str(SILENT_TICK_S)},
+        settings={
+            "ORACULAR_LATENESS_MS": "0",
+            "ORACULAR_IDLE_MS": "0",
+            "ORACULAR_TICK_INTERVAL_S": str(SILENT_TICK_S),
+        },
     )
     await dep.create_topics()
     worker = worker_for(faust_worker, dep)
@@ -343,7 +347,7 @@ async def test_a_second_worker_joining_mid_stream_changes_nothing(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
 ) -> None:
     """Two workers sharing the app id (a rebalance mid-stream) give the replay's outputs."""
-    dep = deployment(kafka, request.node.name, settings={"ORACULAR_GRACE_MS": str(HUGE_GRACE_MS)})
+    dep = deployment(kafka, request.node.name, settings=NO_WALL_CLOCK)
     events = generate_stream(dep.config, events=5_000, users=200, seed=13)
     marks = sentinels(events[-1].at + 30 * DAY_MS)
     expected = expected_outputs(dep.config, events + marks, until=marks[0].at)

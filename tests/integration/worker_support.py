@@ -1,8 +1,7 @@
 """Helpers for the `oracular worker` tests: deployments, streams, expected outputs, readers.
 
-The reference for every comparison is `engine.replay` over the same events, turned into
-messages with `schemas.outputs` exactly as `oracular replay` does (streams/cli.py ReplayRun).
-Every wait is bounded by a named timeout and fails saying what was seen.
+The reference for every comparison is the offline replay of the same events
+(`streams.offline.replay_outputs`, what `oracular replay` runs). Every wait is bounded by a named timeout and fails saying what was seen.
 """
 
 from __future__ import annotations
@@ -24,18 +23,21 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 
 from bench.synthetic import FILLER, clickstream
-from engine import END_OF_TIME, EngineConfig, Event, close_if_due, replay, serialize
+from engine import END_OF_TIME, EngineConfig, Event, close_if_due, serialize
 from schemas.config import load_config
-from schemas.outputs import decode_output, episode_message, prediction_message
+from schemas.outputs import decode_output
 from schemas.stored import decode_stored
 from streams.admin import ensure_topics_async
 from streams.app import STATE_TABLE
+from streams.offline import replay_outputs
+from streams.processor import EPISODES, PREDICTIONS
 from streams.topics import ProductTopics, product_topics
 
 from .support import POLL_INTERVAL_S, FaustWorker, Record, unique_name
 
 PARTITIONS = 4
-HUGE_GRACE_MS = 10 * 365 * 24 * 3600 * 1000
+NO_WALL_CLOCK = {"ORACULAR_IDLE_MS": str(10 * 365 * 24 * 3600 * 1000)}
+"""Worker settings under which only event time moves watermarks (the wall clock never)."""
 """Ten years: wall clock minus this never reaches the events, so only event time counts."""
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "oracular.yaml"
 
@@ -252,27 +254,18 @@ class Expected:
 def expected_outputs(
     config: EngineConfig, events: Sequence[Event], *, until: int = END_OF_TIME
 ) -> Expected:
-    """Replay `events` and build the output messages as `oracular replay` does."""
-    result = replay(config, events, until=until)
-    predictions: dict[str, dict[str, Any]] = {}
-    episodes: dict[str, dict[str, Any]] = {}
-
-    def keep(into: dict[str, dict[str, Any]], message: dict[str, Any]) -> None:
-        assert message["id"] not in into, f"the replay gives id {message['id']} twice"
-        into[message["id"]] = message
-
-    for step in result.steps:
-        assert step.event.id is not None, "every test event has an id"
-        if step.closed is not None:
-            keep(episodes, episode_message(step.event.user, step.closed))
-        message = prediction_message(step.event.user, step, step.event.id)
-        if message is not None:
-            keep(predictions, message)
-    for user, closed in result.closed_at_end:
-        keep(episodes, episode_message(user, closed))
+    """Replay `events` offline (the worker's own Processor, as `oracular replay` runs it)."""
+    outputs, run = replay_outputs(config, events, until=until)
+    found: dict[str, dict[str, dict[str, Any]]] = {PREDICTIONS: {}, EPISODES: {}}
+    for output in outputs:
+        assert output.role in found, f"the replay dead-lettered a test event: {output.message}"
+        into = found[output.role]
+        assert output.message["id"] not in into, f"the replay gives {output.message['id']} twice"
+        into[output.message["id"]] = output.message
+    predictions, episodes = found[PREDICTIONS], found[EPISODES]
     assert not set(predictions) & set(episodes), "prediction and episode ids never collide"
-    states = {u: serialize(s, include_config=False) for u, s in result.states.items()}
-    return Expected(predictions, episodes, states, len(result.closed_at_end))
+    states = {u: serialize(s, include_config=False) for u, s in run.states().items()}
+    return Expected(predictions, episodes, states, run.counts["closed_by_timer"])
 
 
 # --- reading topics -----------------------------------------------------------------------
