@@ -155,8 +155,10 @@ def _v1_episode(record: Any) -> tuple[int | None, int | None]:
 def _header(raw: bytes) -> list[Any]:
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        msg = f"stored state is not msgpack: {exc}"
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # TypeError: a map key that is itself a map or array (unhashable) under
+        # strict_map_key=False; UnpackException covers ExtraData, FormatError, StackError.
+        msg = f"stored state is not msgpack: {exc or type(exc).__name__}"
         raise StateFormatError(msg) from exc
     if not isinstance(value, list) or not value or not isinstance(value[0], int):
         msg = "stored state is not a [version, partition, offset, ...] array"

@@ -918,3 +918,50 @@ def test_any_dead_letter_fits_the_smallest_budget(error, key, topic, byte, size,
         assert value.startswith(record["value"])
     else:
         assert record["value"] == value
+
+
+# --- stored states -------------------------------------------------------------------------
+
+
+def _engine_config():
+    from engine import EngineConfig
+
+    return EngineConfig.from_dict(
+        {"intents": {"upgrade": {"signals": {"pricing.viewed": 3}, "outcome": "upgraded"}}}
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x81\x91\x01\x01",  # a map keyed by an array: unhashable (was a TypeError)
+        b"\x81\x80\x01",  # a map keyed by a map
+        b"\x95\x02\x00\x00\xc0\x81\x91\x01\x01",  # the same inside a stored header
+        b"\x91" * 3000,  # deeper than the unpacker's stack
+        b"",  # nothing
+        b"\xc1",  # a reserved byte
+    ],
+)
+def test_unreadable_stored_states_raise_only_state_format_errors(raw):
+    """Table values from a corrupt changelog: StateFormatError, which the worker counts."""
+    from engine import StateFormatError
+    from schemas.stored import decode_stored, stored_index
+
+    with pytest.raises(StateFormatError):
+        stored_index(raw)
+    with pytest.raises(StateFormatError):
+        decode_stored(raw, _engine_config())
+
+
+@settings(max_examples=300)
+@given(raw=st.binary(max_size=200) | _VALUES.map(_pack_or_none).filter(bool))
+def test_random_stored_bytes_raise_only_engine_errors(raw):
+    """Any bytes as a table value: decoded, or an EngineError (StateFormatError) and no other."""
+    from engine import EngineError
+    from schemas.stored import decode_stored, stored_index
+
+    for read in (stored_index, lambda b: decode_stored(b, _engine_config())):
+        try:
+            read(raw)
+        except EngineError as exc:
+            assert str(exc)
