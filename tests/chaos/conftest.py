@@ -1,0 +1,48 @@
+"""Fixtures of the chaos suite: the session's broker, and a dedicated one it may restart.
+
+`kafka` is the integration suite's session broker (imported, so this directory sees it). The
+full run restarts its broker mid-stream, so it starts its own (`chaos_broker`) on free ports,
+with its controller on the next port: a restart reuses the same data dir and both ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.broker import Broker, BrokerError, find_running, free_port, port_is_free, start_broker
+from tests.integration.conftest import _unavailable, kafka
+
+__all__ = ["chaos_broker", "kafka"]
+
+PORT_ATTEMPTS = 50
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "chaos_full: the full chaos run (minutes); runs only with CHAOS_FULL=1"
+    )
+
+
+def _port_pair() -> int:
+    """A free port whose successor is free too (the broker's controller listens there)."""
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port()
+        if port < 65535 and port_is_free(port + 1):
+            return port
+    msg = "no two consecutive free ports found for the chaos broker"
+    raise BrokerError(msg)
+
+
+@pytest.fixture
+def chaos_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker of this test's own, on a port pair it keeps across a restart."""
+    try:
+        broker = start_broker(tmp_path / "kafka", port=_port_pair(), stop_with_parent=True)
+    except BrokerError as exc:
+        _unavailable(str(exc))
+    yield broker
+    # After a restart the running broker is another process: find it by its pid file.
+    (find_running(broker.workdir) or broker).stop(wipe=True)

@@ -1,0 +1,310 @@
+"""One chaos run: workers, a paced stream with malformed messages, faults, then the checks.
+
+`Plan.from_env` reads the overrides (CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS,
+CHAOS_INJECT); `run` prints the seed first, then every fault as it happens, and returns the
+result table's rows. Waits after the stream are bounded by the plan's time budget and end as
+soon as everything is settled, never after a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from infra.broker import Broker
+from schemas.config import load_config
+from tests.integration.support import FaustWorker
+from tests.integration.worker_support import (
+    PARTITIONS,
+    Deployment,
+    TopicReader,
+    deployment,
+    partition_of,
+)
+
+from . import checks
+from .checks import Row
+from .faults import Chaos, Fleet
+from .stream import Message, generate, place, sentinels
+
+CONFIG = Path(__file__).resolve().parent / "chaos.yaml"
+TIMEOUT_MS = 4_000  # chaos.yaml's episodeTimeout
+LATENESS_MS = 1_000
+"""ORACULAR_LATENESS_MS: each partition is in time order, so any lateness is inside the contract."""
+IDLE_MS = 10 * 365 * 24 * 3600 * 1000
+"""ORACULAR_IDLE_MS: ten years, so the wall clock never moves a watermark; only event time
+does. (A stream paced at real time is inside the contract either way, except where the broker
+restart holds input back for longer than the idle time; this keeps the run deterministic.)"""
+SESSION_TIMEOUT_S = 6  # the broker's minimum group.min.session.timeout.ms
+CHECK_RESERVE_S = 5.0  # the budget kept for the last reads and the table
+MIN_SETTLE_S = 15.0  # the settle wait gets at least this, even past the budget
+LEAD_MS = 1_000  # the stream starts this long after it is placed
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run does. `from_env` applies the CHAOS_* overrides."""
+
+    seconds: float
+    seed: int
+    workers: int
+    events: int
+    bad_share: float
+    fault_gap_s: tuple[float, float]
+    restart_broker: bool
+    produce_share: float
+    """Of `seconds`, the time the stream takes; the rest: start-up, settling, the checks."""
+    inject: str | None = None
+    """"drop": one good event is not produced but stays in the replay (a deliberate loss)."""
+
+    @classmethod
+    def from_env(cls, default: Plan) -> Plan:
+        env = os.environ
+        seed = env.get("CHAOS_SEED")
+        return replace(
+            default,
+            seconds=float(env.get("CHAOS_SECONDS", default.seconds)),
+            seed=int(seed) if seed else random.SystemRandom().randrange(1, 10**6),
+            workers=int(env.get("CHAOS_WORKERS", default.workers)),
+            events=int(env.get("CHAOS_EVENTS", default.events)),
+            inject=env.get("CHAOS_INJECT") or None,
+        )
+
+    @property
+    def produce_s(self) -> float:
+        return self.seconds * self.produce_share
+
+
+FULL = Plan(300, 0, 3, 50_000, 0.01, (4.0, 9.0), restart_broker=True, produce_share=0.5)
+SHORT = Plan(60, 0, 3, 5_000, 0.01, (3.0, 6.0), restart_broker=False, produce_share=0.4)
+
+
+def make_fleet(dep: Deployment, workdir: Path, size: int) -> Fleet:
+    env = dep.env(
+        ORACULAR_IDLE_MS=str(IDLE_MS),
+        ORACULAR_LATENESS_MS=str(LATENESS_MS),
+        ORACULAR_TICK_INTERVAL_S="0.5",
+        ORACULAR_SUMMARY_INTERVAL_S="2",
+        ORACULAR_SESSION_TIMEOUT_S=str(SESSION_TIMEOUT_S),
+    )
+    workers = []
+    for n in range(size):
+        workers.append(
+            FaustWorker(
+                "streams.app",
+                env={"ORACULAR_BROKER": dep.bootstrap, "ORACULAR_APP_ID": dep.app_id, **env},
+                datadir=workdir / f"w{n}" / "data",
+                log_path=workdir / f"w{n}" / "worker.log",
+                argv=dep.argv(),
+            )
+        )
+    return Fleet(workers)
+
+
+async def produce_paced(
+    bootstrap: str, topic: str, messages: list[Message], fleet: Fleet
+) -> list[str]:
+    """Send each message when the wall clock reaches its time, record timestamp = its time.
+
+    Idempotent, so retries across the broker restart neither duplicate nor reorder. Returns
+    the send failures (the read-back of the topic is what the checks trust).
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        request_timeout_ms=90_000,  # outlives the broker restart
+        max_request_size=2**20,
+    )
+    await producer.start()
+    futures = []
+    late_ms = 0.0
+    try:
+        for m in messages:
+            delay = m.at / 1000 - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                late_ms = max(late_ms, -delay * 1000)
+            futures.append(await producer.send(topic, m.value, key=m.key, timestamp_ms=m.at))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        await producer.stop()
+    fleet.note(
+        f"produced {len(messages)} messages (sent at most {late_ms:.0f} ms after their time)"
+    )
+    return [
+        f"{m.label}: {r!r}"
+        for m, r in zip(messages, results, strict=True)
+        if isinstance(r, BaseException)
+    ]
+
+
+async def run(plan: Plan, bootstrap: str, workdir: Path, broker: Broker | None = None) -> list[Row]:
+    """The whole scenario; returns the result rows (printed as a table too)."""
+    began = time.monotonic()
+    print(
+        f"\n[chaos] CHAOS_SEED={plan.seed} (replay this run: CHAOS_SEED={plan.seed} "
+        f"CHAOS_SECONDS={plan.seconds:.0f} CHAOS_WORKERS={plan.workers} "
+        f"CHAOS_EVENTS={plan.events}); broker {bootstrap}, workdir {workdir}",
+        flush=True,
+    )
+    rng = random.Random(plan.seed)
+    config = load_config(CONFIG)
+    dep = deployment(bootstrap, "chaos", config_path=CONFIG)
+    await dep.create_topics()
+    generated = generate(
+        config,
+        events=plan.events,
+        duration_ms=int(plan.produce_s * 1000),
+        bad_share=plan.bad_share,
+        seed=plan.seed,
+    )
+    fleet = make_fleet(dep, workdir, plan.workers)
+    fleet.started = began
+    chaos = Chaos(fleet, rng, SESSION_TIMEOUT_S, plan.fault_gap_s)
+    try:
+        await asyncio.gather(*(fleet.start(n) for n in range(plan.workers)))
+        return await _stream_and_check(plan, dep, generated, fleet, chaos, broker, workdir, began)
+    finally:
+        fleet.shutdown()
+        for line in fleet.events:
+            print(f"[chaos log] {line}")
+        for n, w in enumerate(fleet.workers):
+            print(f"[chaos] w{n}: {w.starts} starts, log {w.log_path}")
+
+
+async def _stream_and_check(
+    plan: Plan,
+    dep: Deployment,
+    generated: list[Message],
+    fleet: Fleet,
+    chaos: Chaos,
+    broker: Broker | None,
+    workdir: Path,
+    began: float,
+) -> list[Row]:
+    rng = chaos.rng
+    start_ms = int(time.time() * 1000) + LEAD_MS
+    stream = place(generated, start_ms)
+    last = stream[-1].at
+    # Every partition's watermark passes every deadline of the stream (replay --until the same).
+    marks = sentinels(PARTITIONS, last + TIMEOUT_MS + LATENESS_MS + 1_000, partition_of)
+    withheld = _withheld(plan, stream, rng)
+    to_send = [m for m in stream if m not in withheld] + marks
+    if plan.restart_broker and broker is not None:
+        chaos.broker = broker
+        chaos.restart_at_s = time.monotonic() - began + plan.produce_s * rng.uniform(0.3, 0.6)
+    fleet.note(
+        f"stream: {len(to_send)} messages, {sum(m.bad is not None for m in stream)} malformed, "
+        f"{len({m.event.user for m in stream if m.event})} users, over "
+        f"{(marks[0].at - start_ms) / 1000:.0f} s"
+        + (f"; broker restart at {chaos.restart_at_s:.0f} s" if chaos.restart_at_s else "")
+    )
+    stop = asyncio.Event()
+    faults = asyncio.create_task(chaos.run(stop))
+    failures = await produce_paced(dep.bootstrap, dep.topics.events.name, to_send, fleet)
+    stop.set()
+    await faults
+    await chaos.finish()
+    fleet.note("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items())))
+    deadline = max(began + plan.seconds - CHECK_RESERVE_S, time.monotonic() + MIN_SETTLE_S)
+    rows = await _settle_and_check(
+        dep, generated, stream, marks, withheld, fleet, workdir, deadline
+    )
+    if failures:
+        rows.insert(0, Row("producer sends", False, f"{len(failures)} failed", failures))
+    rows.append(Row("faults injected", bool(chaos.counts), _faults(chaos, fleet)))
+    print(f"\n[chaos] seed {plan.seed}, {time.monotonic() - began:.0f} s\n" + checks.table(rows))
+    sys.stdout.flush()
+    return rows
+
+
+def _withheld(plan: Plan, stream: list[Message], rng: random.Random) -> list[Message]:
+    """For CHAOS_INJECT=drop: one signal event from the middle of the stream."""
+    if plan.inject is None:
+        return []
+    assert plan.inject == "drop", f"CHAOS_INJECT={plan.inject}: only 'drop' is known"
+    middle = stream[len(stream) // 3 : 2 * len(stream) // 3]
+    candidates = [
+        m
+        for m in middle
+        if m.event is not None
+        and m.event.name
+        and "." in m.event.name
+        and m.event.name not in ("page.viewed",)
+    ]
+    return [rng.choice(candidates)]
+
+
+def _faults(chaos: Chaos, fleet: Fleet) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items()))
+    extra = f"; failed steps: {fleet.failed_steps}" if fleet.failed_steps else ""
+    return counts + extra
+
+
+async def _settle_and_check(
+    dep: Deployment,
+    generated: list[Message],
+    stream: list[Message],
+    marks: list[Message],
+    withheld: list[Message],
+    fleet: Fleet,
+    workdir: Path,
+    deadline: float,
+) -> list[Row]:
+    """Wait (bounded) until every check passes or the budget is spent; the last rows."""
+    config = load_config(CONFIG)
+    topic = dep.topics.events.name
+    ends = await checks.end_offsets(dep.bootstrap, topic, PARTITIONS)
+    async with TopicReader(dep.bootstrap, [topic]) as reader:
+        records = await reader.read_to_end()
+    inp = checks.label_input(records, stream + marks, ends)
+    good = [m for m in stream + marks if m.event is not None]  # generation order = time order
+    replay = checks.run_replay(CONFIG, good, marks[0].at, workdir / "replay")
+    fleet.note(f"replay: {len(replay.messages)} messages, {len(replay.states)} users")
+    since = {n: len(w.log_text()) for n, w in enumerate(fleet.workers)}
+    async with (
+        TopicReader(dep.bootstrap, dep.outputs) as outputs,
+        TopicReader(dep.bootstrap, [dep.topics.dlq.name]) as dlq,
+        TopicReader(dep.bootstrap, [dep.changelog]) as changelog,
+    ):
+        while True:
+            fleet.check_exits()
+            out_records = await outputs.read_to_end()
+            letters = await dlq.read_to_end()
+            stored = checks.changelog_users(await changelog.read_to_end(), config)
+            out_row, seen = checks.check_outputs(out_records, replay)
+            dlq_row = checks.check_dead_letters(inp, letters, topic)
+            dlq_offsets = {(r["partition"], r["offset"]) for r in map(_decode, letters)}
+            rows = [
+                checks.check_produced(inp, stream + marks, withheld),
+                checks.check_accounting(inp, stored, replay, seen, dlq_offsets),
+                dlq_row,
+                checks.check_states(stored, replay),
+                out_row,
+                checks.check_committed(await checks.committed_vs_end(dep, PARTITIONS)),
+                checks.check_workers(
+                    checks.worker_lags(fleet.workers, since),
+                    await checks.group_state(dep),
+                    len(fleet.workers),
+                    fleet.unexpected_exits,
+                ),
+            ]
+            if all(r.ok for r in rows) or not await checks.poll(1.0, deadline):
+                fleet.note("settled" if all(r.ok for r in rows) else "time budget spent")
+                return rows
+
+
+def _decode(record: object) -> dict[str, object]:
+    from schemas.outputs import decode_output
+
+    return decode_output(record.value or b"")  # type: ignore[attr-defined]
