@@ -89,6 +89,8 @@ _JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
 _BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_LONG_DIGITS: Final = re.compile(f"[0-9]{{{MAX_INT_DIGITS + 1}}}")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")  # the only way JSON writes one
 _JSON_KINDS: Final = {
     "dict": "object",
     "list": "array",
@@ -149,9 +151,9 @@ def decode_message(raw: bytes) -> dict[str, Any]:
         msg = "the message starts with a UTF-8 byte order mark: send JSON without it"
         raise DecodeError(msg)
     if raw[0] < 0x80:
-        obj, fmt, kinds = _parse_json(raw), "JSON", _JSON_KINDS
+        (obj, surrogates), fmt, kinds = _parse_json(raw), "JSON", _JSON_KINDS
     else:
-        obj, fmt, kinds = _parse_msgpack(raw), "msgpack", _MSGPACK_KINDS
+        obj, surrogates, fmt, kinds = _parse_msgpack(raw), False, "msgpack", _MSGPACK_KINDS
     if not isinstance(obj, dict):
         name = type(obj).__name__
         kind = kinds.get(name, name)
@@ -161,7 +163,7 @@ def decode_message(raw: bytes) -> dict[str, Any]:
             f"the message is a {fmt} {kind}, expected {expected}"
         )
         raise DecodeError(msg)
-    _check_value(obj, (), 0)
+    _check_tree(obj, surrogates)
     return obj
 
 
@@ -305,7 +307,8 @@ class _LongNumber:
     integer: bool
 
 
-def _parse_json(raw: bytes) -> object:
+def _parse_json(raw: bytes) -> tuple[object, bool]:
+    """The parsed value, and whether its strings may hold lone surrogates."""
     first = raw.lstrip()[:1]
     label = "not valid JSON" if first in (b"{", b"[") else "not valid msgpack or JSON"
     try:
@@ -313,6 +316,20 @@ def _parse_json(raw: bytes) -> object:
     except UnicodeDecodeError as exc:
         msg = f"{label}: the bytes are not UTF-8 ({exc.reason} at byte {exc.start})"
         raise DecodeError(msg) from exc
+    if text.count("[") + text.count("{") > MAX_DEPTH + 1:  # else it cannot nest too deep
+        _check_json_depth(text, label)
+    # A literal of more than 20 digits (an integer) or 64 characters (a float: at most four
+    # non-digits) holds a run of 21 digits; without one, no number needs the length hooks.
+    decoder = _JSON_CHECKED if _LONG_DIGITS.search(text) else _JSON_PLAIN
+    try:
+        obj = decoder.decode(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        msg = f"{label}: {exc}"
+        raise DecodeError(msg) from exc
+    return obj, _SURROGATE_ESCAPE.search(text) is not None
+
+
+def _check_json_depth(text: str, label: str) -> None:
     outside = _JSON_STRING.sub("", text)
     depth = _json_depth(outside)
     if depth > MAX_DEPTH + 1 and '"' in outside:
@@ -324,17 +341,6 @@ def _parse_json(raw: bytes) -> object:
             f"({depth - 1} maps/arrays inside the top-level object); the limit is {MAX_DEPTH}"
         )
         raise DecodeError(msg)
-    try:
-        return json.loads(
-            text,
-            parse_int=_json_int,
-            parse_float=_json_float,
-            parse_constant=float,  # NaN, Infinity: rejected by the walk, with the field
-            object_pairs_hook=_unique_keys,
-        )
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        msg = f"{label}: {exc}"
-        raise DecodeError(msg) from exc
 
 
 def _json_depth(outside: str) -> int:
@@ -379,6 +385,18 @@ def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return obj
 
 
+_JSON_PLAIN: Final = json.JSONDecoder(
+    parse_constant=float,  # NaN, Infinity: rejected by the walk, with the field
+    object_pairs_hook=_unique_keys,
+)
+_JSON_CHECKED: Final = json.JSONDecoder(
+    parse_int=_json_int,
+    parse_float=_json_float,
+    parse_constant=float,
+    object_pairs_hook=_unique_keys,
+)
+
+
 def _parse_msgpack(raw: bytes) -> object:
     try:
         return msgpack.unpackb(
@@ -407,76 +425,119 @@ def _reject_ext(code: int, data: bytes) -> object:
     raise DecodeError(msg)
 
 
-def _check_value(value: object, path: tuple[str | int, ...], depth: int) -> None:
-    """Check one parsed value and everything inside it (the limits in the module docs)."""
-    if isinstance(value, str):
-        _check_text(value, path)
-    elif isinstance(value, bool) or value is None or isinstance(value, bytes):
+class _Bad(Exception):
+    """A rule broken inside the parsed value; the path is collected while unwinding."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str | int] = []  # innermost first
+
+
+def _check_tree(obj: dict[str, Any], surrogates: bool) -> None:
+    """Check the parsed message and everything inside it (the limits in the module docs).
+
+    Args:
+        obj: the top-level map.
+        surrogates: whether strings may hold lone surrogates (JSON with `\\uD8..` escapes
+            only: strict UTF-8, as in msgpack and raw JSON text, cannot encode them).
+    """
+    try:
+        _walk(obj, 0, surrogates)
+    except _Bad as bad:
+        msg = f"{_where(tuple(reversed(bad.path)))} {bad.problem}"
+        raise DecodeError(msg) from None
+
+
+def _walk(value: object, depth: int, surrogates: bool) -> None:
+    """Raise `_Bad` for the first rule `value` breaks; a type the parsers make for nothing a
+    message may carry (a msgpack timestamp, an unconverted number) is refused."""
+    if isinstance(value, dict | list):  # first: leaves are mostly checked by `_plain`
+        _walk_container(value, depth, surrogates)
+    elif isinstance(value, str):
+        _text(value, surrogates)
+    elif isinstance(value, bool | bytes) or value is None:
         return  # msgpack's max_bin_len bounds binary
     elif isinstance(value, int):
         if not INT_MIN <= value <= INT_MAX:
-            msg = f"{_where(path)} is {_show(value)}: integers must fit in 64 bits"
-            raise DecodeError(msg)
+            msg = f"is {_show(value)}: integers must fit in 64 bits"
+            raise _Bad(msg)
     elif isinstance(value, float):
         if not math.isfinite(value):
-            msg = f"{_where(path)} is {value!r}: NaN and Infinity are not accepted"
-            raise DecodeError(msg)
+            msg = f"is {value!r}: NaN and Infinity are not accepted"
+            raise _Bad(msg)
     elif isinstance(value, _LongNumber):
-        what = f"an integer of {value.chars} digits" if value.integer else "a number literal"
-        limit = (
-            f"{MAX_INT_DIGITS} digits (64-bit integers)"
-            if value.integer
-            else f"{MAX_NUMBER_CHARS} characters"
-        )
-        shown = what if value.integer else f"{what} of {value.chars} characters"
-        msg = f"{_where(path)} is {shown}; the limit is {limit}"
-        raise DecodeError(msg)
-    elif isinstance(value, dict | list):
-        _check_container(value, path, depth)
+        if value.integer:
+            what = f"an integer of {value.chars} digits"
+            limit = f"{MAX_INT_DIGITS} digits (64-bit integers)"
+        else:
+            what = f"a number literal of {value.chars} characters"
+            limit = f"{MAX_NUMBER_CHARS} characters"
+        msg = f"is {what}; the limit is {limit}"
+        raise _Bad(msg)
     else:
-        kind = _MSGPACK_KINDS.get(type(value).__name__, type(value).__name__)
-        msg = f"{_where(path)} is a msgpack {kind}, which a message cannot carry"
-        raise DecodeError(msg)
+        name = _MSGPACK_KINDS.get(type(value).__name__, type(value).__name__)
+        msg = f"is a msgpack {name}, which a message cannot carry"
+        raise _Bad(msg)
 
 
-def _check_container(
-    value: dict[Any, Any] | list[Any], path: tuple[str | int, ...], depth: int
-) -> None:
+def _walk_container(value: dict[Any, Any] | list[Any], depth: int, surrogates: bool) -> None:
     if depth > MAX_DEPTH:
-        msg = f"the message nests deeper than {MAX_DEPTH} levels (at {_where(path)})"
-        raise DecodeError(msg)
+        msg = f"nests deeper than {MAX_DEPTH} levels below the top; the limit is {MAX_DEPTH}"
+        raise _Bad(msg)
     if len(value) > MAX_KEYS:
-        msg = f"{_where(path)} has {len(value)} items; the limit is {MAX_KEYS}"
-        raise DecodeError(msg)
+        msg = f"has {len(value)} items; the limit is {MAX_KEYS}"
+        raise _Bad(msg)
+    depth += 1
     if isinstance(value, list):
         for index, item in enumerate(value):
-            _check_value(item, (*path, index), depth + 1)
+            if not _plain(item, surrogates):
+                try:
+                    _walk(item, depth, surrogates)
+                except _Bad as bad:
+                    bad.path.append(index)
+                    raise
         return
     for key, item in value.items():
         if not isinstance(key, str):
-            msg = f"{_where(path)} has a {type(key).__name__} key: map keys must be strings"
-            raise DecodeError(msg)
-        inner = (*path, key)
-        _check_text(key, inner)
-        _check_value(item, inner, depth + 1)
+            msg = f"has a {type(key).__name__} key: map keys must be strings"
+            raise _Bad(msg)
+        if not _plain(key, surrogates):
+            _text(key, surrogates, what="has a key")  # reported at the map, not the key
+        if not _plain(item, surrogates):
+            try:
+                _walk(item, depth, surrogates)
+            except _Bad as bad:
+                bad.path.append(key)
+                raise
 
 
-def _check_text(value: str, path: tuple[str | int, ...]) -> None:
+def _plain(value: object, surrogates: bool) -> bool:
+    """A scalar that breaks no rule, decided without a call into `_walk` (the common case)."""
+    if isinstance(value, str):
+        return len(value) <= MAX_TEXT and (not surrogates or value.isascii())
+    if isinstance(value, int):
+        return INT_MIN <= value <= INT_MAX  # bools too
+    return value is None or (isinstance(value, float) and math.isfinite(value))
+
+
+def _text(value: str, surrogates: bool, what: str = "is a string") -> None:
     if len(value) > MAX_TEXT:
-        msg = f"{_where(path)} is a string of {len(value)} characters; the limit is {MAX_TEXT}"
-        raise DecodeError(msg)
-    found = _SURROGATE.search(value)
+        msg = f"{what} of {len(value)} characters; the limit is {MAX_TEXT}"
+        raise _Bad(msg)
+    found = _SURROGATE.search(value) if surrogates and not value.isascii() else None
     if found:
-        msg = (
-            f"{_where(path)} contains a lone UTF-16 surrogate ({found.group()!r}): "
-            "not valid Unicode"
-        )
-        raise DecodeError(msg)
+        msg = f"{what} with a lone UTF-16 surrogate ({found.group()!r}): not valid Unicode"
+        raise _Bad(msg)
 
 
 def _check_unicode(value: str, field: str) -> None:
-    """For fields read from mappings that skipped the walk (file readers)."""
-    _check_text(value, (field,))
+    """A field of a mapping that may not have been walked (the file readers parse their own)."""
+    try:
+        _text(value, surrogates=True)
+    except _Bad as bad:
+        msg = f"field {field!r} {bad.problem}"
+        raise DecodeError(msg) from None
 
 
 def _where(path: tuple[str | int, ...]) -> str:

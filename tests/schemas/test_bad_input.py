@@ -264,7 +264,7 @@ BAD_INPUTS = [
         _pack(_with(properties={"a": _nested(MAX_DEPTH)})),
         None,
         DecodeError,
-        f"nests deeper than {MAX_DEPTH} levels (at field 'properties.a[0]",
+        "field 'properties.a" + "[0]" * (MAX_DEPTH - 1) + f"' nests deeper than {MAX_DEPTH} levels",
         id="msgpack-extra-nesting-in-properties",
     ),
     pytest.param(
@@ -320,7 +320,7 @@ BAD_INPUTS = [
         _json(_with(properties={"k" * (MAX_TEXT + 1): 1})),
         None,
         DecodeError,
-        f"is a string of {MAX_TEXT + 1} characters",
+        f"field 'properties' has a key of {MAX_TEXT + 1} characters; the limit is {MAX_TEXT}",
         id="json-long-key",
     ),
     # --- text ---
@@ -328,21 +328,21 @@ BAD_INPUTS = [
         b'{"user": "\\ud800", "name": "x", "ts": 1}',
         None,
         DecodeError,
-        "field 'user' contains a lone UTF-16 surrogate ('\\ud800'): not valid Unicode",
+        "field 'user' is a string with a lone UTF-16 surrogate ('\\ud800'): not valid Unicode",
         id="json-lone-surrogate-user",  # msgpack could not encode it in the outputs
     ),
     pytest.param(
         b'{"user": "u1", "name": "x", "ts": 1, "properties": {"\\udfff": 1}}',
         None,
         DecodeError,
-        "lone UTF-16 surrogate",
+        "field 'properties' has a key with a lone UTF-16 surrogate ('\\udfff')",
         id="json-lone-surrogate-key",
     ),
     pytest.param(
         b'{"user": "u1", "name": "a\\ud83d", "ts": 1}',
         None,
         DecodeError,
-        "field 'name' contains a lone UTF-16 surrogate",
+        "field 'name' is a string with a lone UTF-16 surrogate",
         id="json-half-a-surrogate-pair",
     ),
     pytest.param(
