@@ -26,7 +26,7 @@ from streams.progress import Progress
 
 def register(commands: Any) -> None:
     """Add the Kafka subcommands."""
-    for add in (_add_worker, _add_backfill, _add_produce, _add_tail, _add_reset):
+    for add in (_add_worker, _add_backfill, _add_produce, _add_tail, _add_reset, _add_query):
         add(commands)
 
 
@@ -372,4 +372,56 @@ def run_reset(args: argparse.Namespace) -> int:
         print(f"oracular reset: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     print("deleted")
+    return 0
+
+
+def _add_query(commands: Any) -> None:
+    query = commands.add_parser(
+        "query",
+        help="look a user up through a worker's API (predictions now, reveal, cooldown)",
+        description="Ask any worker's lookup API (docs/serving.md) for a user's predictions, "
+        "computed at request time; a worker that does not own the user forwards to the "
+        "owner. The bearer token is read from ORACULAR_API_TOKEN.",
+        epilog="examples:\n  oracular query user-00016\n"
+        "  oracular query user-00016 --intent upgrade --explain\n"
+        "  oracular query u1 --url http://worker-2:6067 --stale --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    query.add_argument("user", help="the user id (the input messages' key)")
+    query.add_argument("--intent", help="one declared intent (default: all)")
+    query.add_argument("--explain", action="store_true", help="add weights, hits and misses")
+    query.add_argument("--at", type=int, help="read as of this epoch ms (default: now)")
+    query.add_argument("--stale", action="store_true", help="accept a standby replica's copy")
+    query.add_argument(
+        "--url",
+        help="a worker's API (ORACULAR_API_URL; default http://127.0.0.1:ORACULAR_API_PORT)",
+    )
+    query.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    query.set_defaults(run=run_query)
+
+
+def run_query(args: argparse.Namespace) -> int:
+    """`oracular query USER`: one lookup, printed readably (or as JSON)."""
+    import json
+    import os
+
+    from streams.query import QueryError, default_url, lookup, render
+
+    try:
+        body = lookup(
+            args.url or default_url(),
+            args.user,
+            intent=args.intent,
+            explain=args.explain,
+            stale=args.stale,
+            at=args.at,
+            token=os.environ.get("ORACULAR_API_TOKEN") or None,
+        )
+    except QueryError as exc:
+        print(f"oracular query: {exc.message}", file=sys.stderr)
+        return exc.code
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        render(body, sys.stdout)
     return 0

@@ -482,3 +482,21 @@ async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     assert samples["oracular_batch_seconds_count"] == 1
     assert samples['oracular_partition_lag{partition="0"}'] == 0
     assert text.count("# TYPE oracular_inputs_total counter") == 1
+
+
+async def test_oracular_query_prints_the_answer(pair, config, capsys) -> None:
+    """`oracular query` against a worker: a readable table; errors say what to do."""
+    from streams.cli import main
+
+    a, b = pair
+    user = user_on(2)
+    store(b, config, user, some_events(user))
+    code = await asyncio.to_thread(main, ["query", user, "--url", a.url, "--explain"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"user {user}: known" in out and f"served by {b.url} (active)" in out
+    assert "upgrade" in out and "pricing.viewed" in out and "suppressed until" in out
+    code = await asyncio.to_thread(main, ["query", user, "--url", a.url, "--intent", "nope"])
+    assert code == 2 and "unknown intent 'nope'" in capsys.readouterr().err
+    code = await asyncio.to_thread(main, ["query", user, "--url", "http://127.0.0.1:9"])
+    assert code == 69 and "cannot reach" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""`oracular query USER`: ask a worker's lookup API and print the answer readably.
+
+Standard library only (urllib): the command needs no event loop and no Faust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+DEFAULT_URL = "http://127.0.0.1:6067"
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+
+
+@dataclass(frozen=True)
+class QueryError(Exception):
+    """The lookup failed: what to print and the exit code."""
+
+    message: str
+    code: int
+
+
+def default_url(env: dict[str, str] | None = None) -> str:
+    """ORACULAR_API_URL, else the local worker's API (ORACULAR_API_PORT, default 6067)."""
+    env = dict(os.environ) if env is None else env
+    if env.get("ORACULAR_API_URL"):
+        return env["ORACULAR_API_URL"].rstrip("/")
+    port = env.get("ORACULAR_API_PORT") or "6067"
+    host = env.get("ORACULAR_API_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def lookup(
+    url: str,
+    user: str,
+    *,
+    intent: str | None = None,
+    explain: bool = False,
+    stale: bool = False,
+    at: int | None = None,
+    token: str | None = None,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """GET /v1/users/{user}[/intents/{intent}] and return the JSON answer.
+
+    Raises:
+        QueryError: the API refused (its error message) or could not be reached.
+    """
+    path = "/v1/users/" + urllib.parse.quote(user, safe="")
+    if intent is not None:
+        path += "/intents/" + urllib.parse.quote(intent, safe="")
+    query = {k: v for k, v in (("explain", explain), ("stale", stale)) if v}
+    params = {k: "true" for k in query}
+    if at is not None:
+        params["at"] = str(at)
+    full = url.rstrip("/") + path + ("?" + urllib.parse.urlencode(params) if params else "")
+    request = urllib.request.Request(full, headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body: dict[str, Any] = json.loads(response.read())
+            return body
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error", exc.reason)
+        except (ValueError, AttributeError):
+            detail = exc.reason
+        code = EXIT_UNAVAILABLE if exc.code in (502, 503, 504) else EXIT_USAGE
+        hint = ""
+        if exc.code == 401:
+            hint = " (set ORACULAR_API_TOKEN to the workers' token)"
+        elif exc.code in (503, 504):
+            hint = f" (retry after {exc.headers.get('Retry-After', 'a moment')} s)"
+        msg = f"{full}: HTTP {exc.code}: {detail}{hint}"
+        raise QueryError(msg, code) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        msg = (
+            f"{full}: cannot reach the worker's API ({reason}); is `oracular worker` running? "
+            "Pass --url or set ORACULAR_API_URL"
+        )
+        raise QueryError(msg, EXIT_UNAVAILABLE) from exc
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _num(value: float) -> str:
+    return f"{value:.3f}" if abs(value) < 1000 else f"{value:.3g}"
+
+
+def render(body: dict[str, Any], out: TextIO) -> None:
+    """Print an answer: who, where from, then one row per intent (and its explanation)."""
+    position = body["position"]
+    served = body["served_by"]
+    known = "known" if body["known"] else "unknown (new user: the prior)"
+    print(f"user {body['user']}: {known}", file=out)
+    print(
+        f"  at {_time(body['at'])}   state as of {_time(body['as_of'])}   "
+        f"partition {position['partition']} offset {position['offset']}",
+        file=out,
+    )
+    print(f"  served by {served['worker']} ({served['role']}), config {body['config']}", file=out)
+    print(file=out)
+    rows = [("intent", "p", "lower", "reveal", "suppressed until")]
+    for name, item in body["intents"].items():
+        rows.append(
+            (
+                name,
+                _num(item["p"]),
+                _num(item["lower"]),
+                "YES" if item["reveal"] else "no",
+                _time(item["suppressed_until"]),
+            )
+        )
+    _table(rows, out)
+    for name, item in body["intents"].items():
+        why = item.get("explain")
+        if why is None:
+            continue
+        episodes = why["episodes"]
+        print(
+            f"\n{name}: alpha {_num(why['alpha'])} beta {_num(why['beta'])}, episodes "
+            f"with outcome {_num(episodes['hits'])}, without {_num(episodes['misses'])}",
+            file=out,
+        )
+        signals = [
+            ("signal", "initial", "learned", "effective", "hits", "misses", "seen", "contrib")
+        ]
+        signals += [
+            (
+                signal,
+                _num(s["initial"]),
+                _num(s["learned"]),
+                _num(s["effective"]),
+                _num(s["hits"]),
+                _num(s["misses"]),
+                str(s["seen"]),
+                _num(s["contribution"]),
+            )
+            for signal, s in why["signals"].items()
+        ]
+        _table(signals, out)
+
+
+def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        print("  " + "  ".join(cells).rstrip(), file=out)
