@@ -24,6 +24,10 @@ WORKER_FLAGS = [
     ("--max-skew-ms", "ORACULAR_MAX_SKEW_MS", "event time ahead of record time (60000)"),
     ("--output-format", "ORACULAR_OUTPUT_FORMAT", "msgpack (default) or json"),
     ("--web-port", "ORACULAR_WEB_PORT", "serve Faust's web views on this port"),
+    ("--api-host", "ORACULAR_API_HOST", "lookup API bind address (default 127.0.0.1)"),
+    ("--api-port", "ORACULAR_API_PORT", "lookup API port (default 6067; 0: a free port)"),
+    ("--api-url", "ORACULAR_API_URL", "lookup API URL other workers use (http://host:port)"),
+    ("--ready-max-lag", "ORACULAR_READY_MAX_LAG", "/readyz fails above this input lag (10000)"),
 ]
 
 
