@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import msgpack
 import pytest
@@ -149,3 +150,41 @@ def test_other_segment_types_are_ignored_not_dead_lettered():
     """identify/group/alias carry no event: IgnoredMessage, which the shell counts."""
     with pytest.raises(IgnoredMessage):
         decode_event(json.dumps({"type": "identify", "userId": "u1"}).encode())
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ({"user": "\ud800", "name": "x", "ts": TS}, "field 'user' is a string with a lone"),
+        ({"user": "u", "name": "x", "ts": 2**64}, "field 'ts' is 18446744073709551616: must be"),
+        ({"user": "u", "name": "x", "ts": 10**5000}, "field 'ts' is an integer of 16610 bits"),
+        ({"user": "u", "name": "x", "ts": float("inf")}, "field 'ts' is inf: must be a whole"),
+        ({"user": "u", "type": ["end"], "ts": TS}, "field 'type' must be one of"),
+        ({"type": "track", "userId": "a\udfff", "event": "x"}, "field 'userId' is a string with"),
+        ({"user": "u", "name": "x", "ts": TS, "id": 2**70}, "field 'id' must be a string"),
+    ],
+)
+def test_event_from_message_checks_mappings_it_did_not_parse(message, fragment):
+    """File readers parse their own mappings: the field rules alone still hold them."""
+    from schemas.events import event_from_message
+
+    with pytest.raises(DecodeError) as caught:
+        event_from_message(message, fallback_ts=TS)
+    assert fragment in str(caught.value)
+    assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"[1, 2, 3]", "the message is a JSON array, expected an object"),
+        (b'"x"', "the message is a JSON string, expected an object"),
+        (b"5", "the message is a JSON number, expected an object"),
+        (msgpack.packb("x"), "the message is a msgpack string, expected a map"),
+        (msgpack.packb(-5), "a message must be a map/object (got int)"),
+    ],
+)
+def test_non_object_messages_say_what_they_are(raw, message):
+    """A top-level value that is not an object is named, not "not valid msgpack or JSON"."""
+    with pytest.raises(DecodeError, match=re.escape(message)):
+        decode_event(raw)
