@@ -351,7 +351,8 @@ class _Runtime:
             end = faust_patches.end_offset(self.app.consumer, TP(self.events_topic, partition))
             if end is None:
                 return "unknown"
-            total += max(end - handled, 0)
+            if not self.caught_up(partition):  # caught up: only markers may be left
+                total += max(end - handled, 0)
         return total
 
 
