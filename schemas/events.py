@@ -17,7 +17,8 @@ encoder or the engine fail. The limits below are checked before or while parsing
   digits and long number literals never converted, NaN/Infinity and overflowing floats
   rejected, duplicate keys rejected;
 - msgpack: `max_*_len` options bound every string, binary, array and map before it is
-  allocated; extension types are rejected; the C unpacker's own stack bounds nesting;
+  allocated; extension types and duplicate keys are rejected; the C unpacker's own stack
+  bounds nesting;
 - then one walk over the parsed value: nesting depth, items per map or array, string lengths,
   string keys, lone surrogates, 64-bit integers, finite floats (with the field's path);
 - event times are whole epoch milliseconds from 1970 to the end of year 9999 (so they fit a
