@@ -1,0 +1,349 @@
+"""`python -m bench.lookup`: the lookup API's latency and its cost to processing.
+
+Two `oracular worker` processes (8 partitions, every setting default but ORACULAR_API_PORT=0)
+against a broker this bench starts on free ports (or --broker), on one machine.
+
+1. Throughput with and without lookup load. The synthetic clickstream (bench/synthetic.py) is
+   produced once to the input topic. Each run is two fresh workers (a new app id: a new group
+   reading the topic from the start) started together; once both own partitions (routing
+   agreed, no rebalance), the applied-input counters of both workers' /metrics are sampled
+   every second for WINDOW_S (or until the topic is drained), and the rate is their slope.
+   In "lookup" runs, CLIENTS closed-loop clients in this process send single-user lookups,
+   each through the worker that does NOT own the user (one forward), for the whole window.
+   Runs alternate without / with lookups; the ratio is median(with) / median(without).
+2. Latency under processing load. With the last run's two workers (states in place),
+   bench/loadgen.py (its own process) offers live events at LIVE_RATE events/s while this
+   process measures, one request at a time: single-user lookups at the owner, single-user
+   lookups through the non-owner (one forward), and batches of 100 users all owned by the
+   other worker, through the non-owner (one forward per batch), and 100 mixed users.
+   Latency is request sent to response read, in this process.
+
+The table is printed as markdown for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout
+
+from bench.e2e import CONFIG, PARTITIONS, Worker, create_topics, machine, preload, say
+from bench.synthetic import clickstream
+from infra.broker import start_broker, tied_to_parent
+from schemas.config import load_config
+from streams.serving import partition_for
+from streams.topics import product_topics
+
+WINDOW_S = 20.0
+CLIENTS = 4
+LIVE_RATE = 1000.0
+SINGLE_REQUESTS = 1000
+BATCH_REQUESTS = 200
+BATCH_SIZE = 100
+API_LINE = re.compile(r"advertised to other workers as (\S+)")
+APPLIED = re.compile(r'^oracular_inputs_total\{outcome="applied"\} (\S+)$', re.MULTILINE)
+
+
+async def api_urls(workers: list[Worker], timeout_s: float = 120.0) -> list[str]:
+    urls = []
+    for worker in workers:
+        await worker.wait_line("advertised to other workers as", timeout_s)
+        urls.append(API_LINE.findall(worker.log_text())[-1])
+    return urls
+
+
+async def routing(http: ClientSession, urls: list[str], timeout_s: float = 180.0) -> dict[int, str]:
+    """Wait until both workers agree on an assignment that gives each of them partitions."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        bodies = []
+        for url in urls:
+            try:
+                async with http.get(f"{url}/v1/routing") as response:
+                    bodies.append(await response.json())
+            except Exception:  # starting up
+                bodies.append(None)
+        if (
+            all(bodies)
+            and all(b["partitions"] == bodies[0]["partitions"] for b in bodies)
+            and set(bodies[0]["partitions"].values()) == set(urls)
+            and not any(b["rebalancing"] or b["recovering"] for b in bodies)
+        ):
+            return {int(p): u for p, u in bodies[0]["partitions"].items()}
+        if time.monotonic() > deadline:
+            msg = f"no agreed two-worker routing within {timeout_s} s: {bodies}"
+            raise RuntimeError(msg)
+        await asyncio.sleep(0.2)
+
+
+async def applied(http: ClientSession, urls: list[str]) -> float:
+    total = 0.0
+    for url in urls:
+        async with http.get(f"{url}/metrics") as response:
+            text = await response.text()
+        found = APPLIED.search(text)
+        total += float(found.group(1)) if found else 0.0
+    return total
+
+
+def other(url: str, urls: list[str]) -> str:
+    return urls[1] if url == urls[0] else urls[0]
+
+
+async def lookup_load(
+    http: ClientSession, urls: list[str], owners: dict[int, str], users: list[str], stop: Any
+) -> int:
+    """One closed-loop client: single lookups through the non-owning worker until `stop`."""
+    rng = random.Random()
+    done = 0
+    while not stop.is_set():
+        user = rng.choice(users)
+        via = other(owners[partition_for(user, PARTITIONS)], urls)
+        async with http.get(f"{via}/v1/users/{user}") as response:
+            await response.read()
+            if response.status == 200:
+                done += 1
+    return done
+
+
+async def throughput_run(
+    bootstrap: str, prefix: str, total: int, users: list[str], base: Path, *, lookups: bool
+) -> dict[str, float]:
+    app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
+    workers = [
+        Worker(
+            f"w{n}",
+            bootstrap=bootstrap,
+            app_id=app_id,
+            prefix=prefix,
+            datadir=base / app_id / f"w{n}",
+            log_path=base / app_id / f"w{n}.log",
+            settings={"ORACULAR_API_PORT": "0", "ORACULAR_SUMMARY_INTERVAL_S": "3600"},
+        )
+        for n in range(2)
+    ]
+    workers_holder.append(workers)  # stopped by the caller, or at the end on an error
+    for worker in workers:
+        worker.start()
+    urls = await api_urls(workers)
+    async with ClientSession(timeout=ClientTimeout(total=30)) as http:
+        owners = await routing(http, urls)
+        stop = asyncio.Event()
+        clients = (
+            [
+                asyncio.create_task(lookup_load(http, urls, owners, users, stop))
+                for _ in range(CLIENTS)
+            ]
+            if lookups
+            else []
+        )
+        t0, a0 = time.monotonic(), await applied(http, urls)
+        t1, a1 = t0, a0
+        while time.monotonic() - t0 < WINDOW_S and a1 < total:
+            await asyncio.sleep(1.0)
+            t1, a1 = time.monotonic(), await applied(http, urls)
+        stop.set()
+        done = sum(await asyncio.gather(*clients))
+        rate = (a1 - a0) / (t1 - t0)
+        row = {"rate": rate, "lookups_per_s": done / (t1 - t0), "from": a0, "to": a1}
+        say(f"throughput {'with' if lookups else 'without'} lookups: {row}")
+        return row | {"workers": urls, "owners": owners}
+
+
+workers_holder: list[list[Worker]] = []
+
+
+def percentiles(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive")
+    return q[49] * 1000, q[98] * 1000, ordered[-1] * 1000
+
+
+async def latency(
+    http: ClientSession, urls: list[str], owners: dict[int, str], users: list[str]
+) -> list[tuple[str, tuple[float, float, float], int]]:
+    """(what, (p50, p99, max) in ms, requests) for each kind of lookup, one at a time."""
+    rng = random.Random(3)
+    by_owner: dict[str, list[str]] = {u: [] for u in urls}
+    for user in users:
+        by_owner[owners[partition_for(user, PARTITIONS)]].append(user)
+    rows = []
+
+    async def timed(method: str, url: str, **kw: Any) -> float:
+        started = time.perf_counter()
+        async with http.request(method, url, **kw) as response:
+            await response.read()
+            assert response.status == 200, (url, response.status)
+        return time.perf_counter() - started
+
+    for label, forward in (("single user at the owner", False), ("single user, 1 forward", True)):
+        samples = []
+        for _ in range(SINGLE_REQUESTS):
+            user = rng.choice(users)
+            owner = owners[partition_for(user, PARTITIONS)]
+            via = other(owner, urls) if forward else owner
+            samples.append(await timed("GET", f"{via}/v1/users/{user}"))
+        rows.append((label, percentiles(samples), SINGLE_REQUESTS))
+    samples = []
+    for n in range(BATCH_REQUESTS):
+        owner = urls[n % 2]
+        batch = rng.sample(by_owner[owner], BATCH_SIZE)
+        url = f"{other(owner, urls)}/v1/lookup"
+        samples.append(await timed("POST", url, json={"users": batch}))
+    rows.append(
+        (
+            f"batch of {BATCH_SIZE}, all on the other worker (1 forward)",
+            percentiles(samples),
+            BATCH_REQUESTS,
+        )
+    )
+    samples = []
+    for n in range(BATCH_REQUESTS):
+        batch = rng.sample(users, BATCH_SIZE)
+        samples.append(await timed("POST", f"{urls[n % 2]}/v1/lookup", json={"users": batch}))
+    rows.append(
+        (
+            f"batch of {BATCH_SIZE}, mixed owners (half local, 1 forward)",
+            percentiles(samples),
+            BATCH_REQUESTS,
+        )
+    )
+    return rows
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    base = Path(tempfile.mkdtemp(prefix="oracular-lookup-bench-"))
+    broker = None
+    bootstrap = args.broker
+    if bootstrap is None:
+        broker = start_broker(base / "kafka", port=None, stop_with_parent=True)
+        bootstrap = broker.bootstrap
+    try:
+        config = load_config(CONFIG)
+        prefix = f"lookupbench-{uuid.uuid4().hex[:6]}"
+        topics = product_topics(
+            {"ORACULAR_TOPIC_PREFIX": prefix, "ORACULAR_PARTITIONS": str(PARTITIONS)}
+        )
+        await create_topics(bootstrap, [spec.name for spec in topics])
+        events = clickstream(config, args.events, args.users, seed=9)
+        users = sorted({e.user for e in events})
+        say(f"preloading {len(events):,} events of {len(users):,} users")
+        await preload(bootstrap, topics.events.name, events)
+        rows = {"without": [], "with": []}
+        for n in range(args.runs * 2):
+            lookups = n % 2 == 1
+            row = await throughput_run(bootstrap, prefix, len(events), users, base, lookups=lookups)
+            rows["with" if lookups else "without"].append(row)
+            if n < args.runs * 2 - 1:
+                for worker in workers_holder.pop():
+                    worker.stop()
+        last = rows["with"][-1]
+        urls, owners = last["workers"], last["owners"]
+        say(f"latency with live load {LIVE_RATE:.0f} events/s")
+        out = base / "loadgen.msgpack"
+        loadgen = subprocess.Popen(
+            tied_to_parent(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.loadgen",
+                    "--bootstrap",
+                    bootstrap,
+                    "--topic",
+                    topics.events.name,
+                    "--rate",
+                    str(LIVE_RATE),
+                    "--seconds",
+                    "600",
+                    "--users",
+                    str(args.users),
+                    "--config",
+                    str(CONFIG),
+                    "--out",
+                    str(out),
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=30)) as http:
+                await asyncio.sleep(3)  # the live load is flowing
+                a0, t0 = await applied(http, urls), time.monotonic()
+                table = await latency(http, urls, owners, users)
+                live = (await applied(http, urls) - a0) / (time.monotonic() - t0)
+        finally:
+            loadgen.terminate()
+            loadgen.wait()
+        for worker in workers_holder.pop():
+            worker.stop()
+    finally:
+        for workers in workers_holder:
+            for worker in workers:
+                worker.stop()
+        if broker is not None:
+            broker.stop(wipe=True)
+    report(args, rows, table, live)
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    rows: dict[str, list[dict[str, Any]]],
+    table: list[tuple[str, tuple[float, float, float], int]],
+    live: float,
+) -> None:
+    """Print the markdown tables for BENCHMARKS.md."""
+    without = statistics.median(r["rate"] for r in rows["without"])
+    with_ = statistics.median(r["rate"] for r in rows["with"])
+    lookup_rate = statistics.median(r["lookups_per_s"] for r in rows["with"])
+    runs_without = ", ".join(f"{r['rate']:,.0f}" for r in rows["without"])
+    runs_with = ", ".join(f"{r['rate']:,.0f}" for r in rows["with"])
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nmachine: {machine()}; load average at the end {load} (other jobs included)")
+    print(
+        f"command: python -m bench.lookup --events {args.events} --users {args.users} "
+        f"--runs {args.runs}\n"
+    )
+    print(
+        f"| lookup (2 workers; live input offered at {LIVE_RATE:,.0f} events/s, applied "
+        f"{live:,.0f}/s) | p50 ms | p99 ms | max ms | requests |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for label, (p50, p99, top), count in table:
+        print(f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} |")
+    print()
+    print("| processing (2 workers draining a backlog) | events/s per run | median |")
+    print("|---|---|---:|")
+    print(f"| without lookups | {runs_without} | {without:,.0f} |")
+    print(
+        f"| with {CLIENTS} closed-loop lookup clients ({lookup_rate:,.0f} lookups/s, each one "
+        f"forward) | {runs_with} | {with_:,.0f} |"
+    )
+    print(f"\nthroughput ratio with/without lookups: {with_ / without:.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lookup", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--broker", help="use this broker instead of starting one")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=2, help="runs each without/with lookups")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
