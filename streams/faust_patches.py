@@ -217,6 +217,8 @@ async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None
     into buffers, and cleared, and the fetch loop had already moved its read offset past it.
     Here the partitions are sought first and resumed only after the buffers are cleared, so
     everything delivered from then on is read from the committed offsets and kept.
+    (`Recovery._resume_streams` has the same order but runs only for apps without tables; the
+    worker always has its state table, so it is left as it is.)
     """
     consumer = self.app.consumer
     self.log.info("Restore complete!")
