@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import msgpack
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from mode import Service
+from yarl import URL
 
 from engine import EngineConfig
 from streams import processor as processor_module
@@ -592,7 +593,7 @@ class FaustNode:
             if tp.topic != self.events_topic:
                 continue
             try:
-                highwater = consumer.highwater(TP(tp.topic, tp.partition))
+                highwater = _end_offset(consumer, TP(tp.topic, tp.partition))
             except (AssertionError, AttributeError, KeyError):
                 continue
             if highwater is None:
@@ -634,6 +635,18 @@ class FaustNode:
         sent = await self.app.producer.send(self.events_topic, key, value, partition, None, None)
         metadata = await sent
         return int(metadata.partition), int(metadata.offset)
+
+
+def _end_offset(consumer: Any, tp: Any) -> int | None:
+    """The partition's end offset as the worker's own lag uses it (the last stable offset
+    where `streams.faust_patches` provides it), else the consumer's high-water mark."""
+    try:
+        from streams import faust_patches  # noqa: PLC0415 - optional
+    except ImportError:
+        faust_patches = None  # type: ignore[assignment]
+    end = getattr(faust_patches, "end_offset", None)
+    value = end(consumer, tp) if end is not None else consumer.highwater(tp)
+    return None if value is None else int(value)
 
 
 class ApiService(Service):
@@ -682,14 +695,14 @@ def bind(host: str, port: int) -> socket.socket:
 def advertised_url(settings: Settings, sock: socket.socket) -> str:
     """The URL other workers use: ORACULAR_API_URL, else http://host:bound port."""
     if settings.api_url:
-        return settings.api_url.rstrip("/")
+        return str(URL(settings.api_url.rstrip("/")))  # as Faust's assignor will spell it
     port = sock.getsockname()[1]
     host = settings.api_host
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return str(URL(f"http://{host}:{port}"))
 
 
 def install_serving(app: Any, runtime: Any) -> Api:

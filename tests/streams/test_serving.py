@@ -500,3 +500,39 @@ async def test_oracular_query_prints_the_answer(pair, config, capsys) -> None:
     assert code == 2 and "unknown intent 'nope'" in capsys.readouterr().err
     code = await asyncio.to_thread(main, ["query", user, "--url", "http://127.0.0.1:9"])
     assert code == 69 and "cannot reach" in capsys.readouterr().err
+
+
+def test_api_settings_are_validated_and_the_token_never_shown() -> None:
+    from streams.settings import SettingsError, describe, settings_from_env
+
+    with pytest.raises(SettingsError) as caught:
+        settings_from_env(
+            {
+                "ORACULAR_API_PORT": "70000",
+                "ORACULAR_API_URL": "worker-1:6067",
+                "ORACULAR_READY_MAX_LAG": "-1",
+                "ORACULAR_API_FORWARD_TIMEOUT_S": "0",
+            }
+        )
+    message = str(caught.value)
+    for var in ("API_PORT", "API_URL", "READY_MAX_LAG", "API_FORWARD_TIMEOUT_S"):
+        assert f"ORACULAR_{var}" in message
+    settings = settings_from_env({"ORACULAR_API_TOKEN": "s3cret", "ORACULAR_API_PORT": "0"})
+    assert settings.api_token == "s3cret" and settings.api_port == 0
+    assert "s3cret" not in describe(settings) and "s3cret" not in repr(settings)
+
+
+def test_advertised_url_is_spelled_as_fausts_assignor_spells_it() -> None:
+    from streams.api import advertised_url, bind
+    from streams.settings import Settings
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        assert advertised_url(Settings(), sock) == f"http://127.0.0.1:{port}"
+        url = advertised_url(Settings(api_url="http://Worker-1:6067/"), sock)
+        assert url == "http://worker-1:6067"
+        with pytest.raises(OSError):
+            bind("127.0.0.1", port).close()  # listening already: a second worker cannot take it
+    finally:
+        sock.close()
