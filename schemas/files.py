@@ -125,7 +125,11 @@ def _csv_rows(reader: csv.DictReader[str], columns: CsvColumns) -> Iterator[Pars
         message = {
             "user": row.get(columns.user) or None,
             "name": row.get(columns.event) or None,
-            "ts": int(time) if time.isdigit() else (time or None),
+            # ASCII digits only, and few enough for an int: anything else goes to the decoder
+            # as text, which names the column's problem instead of raising.
+            "ts": int(time)
+            if time.isascii() and time.isdigit() and len(time) <= 20
+            else (time or None),
         }
         yield f"line {reader.line_num}", json.dumps(row).encode(), message, None
 

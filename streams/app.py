@@ -88,10 +88,16 @@ class FaustTable(Table):
             value: bytes | None = self.table.get(key)
             return value
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:
-        """Write on the partition of `context` (one changelog record)."""
+    def set(self, key: bytes, value: bytes, context: Any) -> Any:
+        """Write on the partition of `context`; returns its changelog record's future.
+
+        The store and the changelog are written through the table's public `data` and
+        `send_changelog` (what `table[key] = value` does, minus discarding the future), so
+        the worker can wait for the broker to have the record before acknowledging inputs.
+        """
         with on_partition_of(context):
-            self.table[key] = value
+            self.table.data[key] = value
+        return self.table.send_changelog(context.message.partition, key, value)
 
 
 @dataclass
@@ -248,8 +254,21 @@ class _Runtime:
         ]
         await producer.flush()
         await asyncio.gather(*sent)
-        for key, value, context in batch.writes():
-            self.table.set(key, value, context)
+        changelog = [self.table.set(key, value, context) for key, value, context in batch.writes()]
+        try:
+            # Every changelog record acknowledged before the inputs are: a restore from the
+            # changelog can never fall behind the committed offsets.
+            await asyncio.gather(*changelog)
+        except Exception as exc:
+            log.critical(
+                "a state's changelog record was not delivered (%s: %s): stopping the worker. "
+                "Nothing of this batch is acknowledged; on restart its inputs are redelivered "
+                "and the states written again",
+                type(exc).__name__,
+                exc,
+            )
+            await self.app.crash(exc)
+            raise
         if self.backfill is not None:
             self._backfill_progress(messages)
         return events
@@ -326,7 +345,12 @@ class _Runtime:
                 await ticks.send(value=encode_tick(now), partition=tp.partition)
 
     def rebuild(self, table: Any) -> None:
-        self.processor.rebuild(table.items(), _wall_ms())
+        consumer, ticks = self.app.consumer, self.settings.topics.ticks.name
+        self.processor.rebuild(
+            table.items(),
+            _wall_ms(),
+            lambda p: faust_patches.committed_offset(consumer, TP(ticks, p)),
+        )
         log.info(
             "deadline index rebuilt: %s users with an open episode",
             self.processor.open_episodes(),

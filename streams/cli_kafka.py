@@ -61,8 +61,9 @@ def _add_backfill(commands: Any) -> None:
         help="run the processor over the input topic's history under a fresh app id, then exit",
         description="Run the stream processor over the input topic from the beginning (or "
         "--since) up to the end offsets captured at start, under a fresh app id, "
-        "then exit with a summary. Event time drives it as in a live worker: "
-        "nothing closes early while catching up.",
+        "then exit with a summary. It closes no episode by the timer until a partition "
+        "reached its end, so it equals `oracular replay --until` its final watermark "
+        "whatever the order of the topic (docs/time.md).",
         epilog="examples:\n"
         "  oracular backfill --config examples/oracular.yaml\n"
         "  oracular backfill --config cfg.yaml --since 2026-01-01T00:00:00Z "
@@ -221,6 +222,14 @@ def run_backfill(args: argparse.Namespace) -> int:
         f"({rate:,.0f} messages/s)",
         file=sys.stderr,
     )
+    marks = [c.watermark for c in processor.clocks.values() if c.watermark is not None]
+    if marks:
+        # The timer closed what was due by these (docs/time.md): `oracular replay --until`
+        # the same value gives the same outputs.
+        print(
+            f"backfill final watermark: {min(marks)} .. {max(marks)} (epoch ms, per partition)",
+            file=sys.stderr,
+        )
     return 0 if plan.reached else 1
 
 

@@ -513,7 +513,9 @@ class Processor:
             key=message.key,
             value=message.value,
         )
-        batch.outputs.append(Output(DLQ, message.key, encode_output(record, "msgpack"), record))
+        # The record's key may be cut to fit the producer's limit; the Kafka key is cut alike.
+        key = record["key"] if isinstance(record.get("key"), bytes) else message.key
+        batch.outputs.append(Output(DLQ, key, encode_output(record, "msgpack"), record))
 
     # --- partitions and the deadline index -----------------------------------------------
 

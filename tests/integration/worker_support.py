@@ -1,7 +1,8 @@
 """Helpers for the `oracular worker` tests: deployments, streams, expected outputs, readers.
 
-The reference for every comparison is the offline replay of the same events
-(`streams.offline.replay_outputs`, what `oracular replay` runs). Every wait is bounded by a named timeout and fails saying what was seen.
+The reference is the offline replay of the same events (`streams.offline.replay_outputs`,
+what `oracular replay` runs). Every wait is bounded by a named timeout and fails saying what
+was seen.
 """
 
 from __future__ import annotations
