@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,34 @@ def state_diff(actual: bytes, expected: bytes) -> str:
     return f"record fields {', '.join(fields)} differ ({a[first]!r:.80} vs {b[first]!r:.80})"
 
 
+def check_changelog_order(records: Iterable[Record], config: EngineConfig) -> Row:
+    """Per user, the changelog's stored last offset and input count never go backwards.
+
+    A redelivery or a timer close rewrites the same offset; a smaller one after a larger is a
+    stale state written after a newer one (a zombie's write, or a restore from a stale state),
+    and whoever restores that partition next starts from the stale state.
+    """
+    last: dict[bytes, tuple[int, int, int | None]] = {}
+    problems = []
+    count = 0
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        if r.value is None:
+            continue
+        count += 1
+        s = decode_stored(r.value, config)
+        now = (r.offset, s.last_offset, getattr(s, "inputs", None))
+        before = last.get(r.key or b"")
+        if before is not None and (now[1] < before[1] or (now[2] or 0) < (before[2] or 0)):
+            problems.append(
+                f"user {(r.key or b'').decode()}: changelog {r.partition}/{r.offset} stores "
+                f"last offset {now[1]} ({now[2]} inputs) after {r.partition}/{before[0]} stored "
+                f"{before[1]} ({before[2]} inputs)"
+            )
+        last[r.key or b""] = now
+    detail = f"{count} records of {len(last)} users, {len(problems)} going backwards"
+    return Row("changelog never goes backwards", not problems, detail, problems)
+
+
 def check_states(stored: dict[str, Any], replay: Replay) -> Row:
     """Each user's last changelog state equals the replay's final state."""
     want = replay.states
@@ -270,10 +298,20 @@ def check_states(stored: dict[str, Any], replay: Replay) -> Row:
 
 
 def check_accounting(
-    inp: Input, stored: dict[str, Any], replay: Replay, seen_ids: set[str], dlq_offsets: set[Any]
+    inp: Input,
+    stored: dict[str, Any],
+    replay: Replay,
+    seen_ids: set[str],
+    dlq_offsets: set[Any],
+    when: Callable[[int], float],
 ) -> Row:
-    """Every offset applied or dead-lettered, exactly once (see the module's docs)."""
+    """Every offset applied or dead-lettered, exactly once (see the module's docs).
+
+    `when` maps a message's time to seconds since the run began, to place the offsets found
+    unaccounted on the fault log's time line.
+    """
     problems: list[str] = []
+    unaccounted: list[tuple[tuple[int, int], Message]] = []
     by_user: dict[str, list[tuple[tuple[int, int], Message]]] = defaultdict(list)
     for where, m in sorted(inp.good.items()):
         assert m.event is not None
@@ -293,18 +331,70 @@ def check_accounting(
                     )
             else:
                 evidence["state only"] += 1
-    problems += [
-        f"{where}: malformed ({m.bad}) neither applied nor dead-lettered"
-        for where, m in inp.bad.items()
-        if where not in dlq_offsets
-    ]
+    for where, m in sorted(inp.bad.items()):
+        if where not in dlq_offsets:
+            problems.append(f"{where}: malformed ({m.bad}) neither applied nor dead-lettered")
+            unaccounted.append((where, m))
     total = len(inp.good) + len(inp.bad)
     detail = (
         f"{total} offsets: {len(inp.good)} applied ({evidence['prediction id']} with their "
         f"prediction id, {evidence['state only']} by state, last offset and count), "
         f"{len(inp.bad)} dead-lettered"
     )
+    if unaccounted:
+        spans = _spans(sorted(unaccounted, key=lambda item: item[0]), when)
+        problems.insert(0, f"offsets unaccounted (partition: offsets, due at): {spans}")
     return Row("every input offset accounted once", not problems, detail, problems)
+
+
+def _spans(items: list[tuple[tuple[int, int], Message]], when: Callable[[int], float]) -> str:
+    """Offsets grouped in runs no more than 50 apart: "p0 102-154 (9.1-12.3 s)"."""
+    spans: list[list[Any]] = []
+    for (p, o), m in items:
+        if spans and spans[-1][0] == p and o - spans[-1][2] <= 50:
+            spans[-1][2], spans[-1][4] = o, m.at
+            spans[-1][5] += 1
+        else:
+            spans.append([p, o, o, m.at, m.at, 1])
+    return "; ".join(
+        f"p{p} {a}-{b} ({n} found, due {when(t0):.1f}-{when(t1):.1f} s)"
+        for p, a, b, t0, t1, n in spans
+    )
+
+
+def dead_lettered(letters: Iterable[Record]) -> set[tuple[Any, Any]]:
+    """The (partition, offset) every dead letter names."""
+    found = set()
+    for r in letters:
+        m = decode_output(r.value or b"")
+        found.add((m.get("partition"), m.get("offset")))
+    return found
+
+
+def all_problems(rows: Sequence[Row]) -> str:
+    """Every problem of every failed row (the table shows ten)."""
+    parts = []
+    for r in rows:
+        if r.problems:
+            parts.append(f"{r.check}: {len(r.problems)} problems")
+            parts += [f"  {p}" for p in r.problems]
+    return "\n".join(parts)
+
+
+def dump(workdir: Path, outputs: Iterable[Record], stored: dict[str, Any]) -> None:
+    """Keep what a post-mortem needs: every output record and every user's stored header."""
+    with (workdir / "outputs.jsonl").open("w") as handle:
+        for r in outputs:
+            where = {"partition": r.partition, "offset": r.offset, "timestamp": r.timestamp}
+            handle.write(json.dumps({**where, **decode_output(r.value or b"")}, default=repr))
+            handle.write("\n")
+    with (workdir / "stored.jsonl").open("w") as handle:
+        for user, s in sorted(stored.items()):
+            header = {k: getattr(s, k, None) for k in ("partition", "last_offset", "inputs")}
+            handle.write(
+                json.dumps({"user": user, **header, "episodes": getattr(s, "episodes", None)})
+            )
+            handle.write("\n")
 
 
 def _user_accounting(

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.broker import Broker, BrokerError, find_running, free_port, port_is_free, start_broker
+from infra.broker import Broker, BrokerError, free_port, port_is_free, start_broker
 from tests.integration.conftest import _unavailable, kafka
 
-__all__ = ["chaos_broker", "kafka"]
+__all__ = ["RestartableBroker", "chaos_broker", "kafka"]
 
 PORT_ATTEMPTS = 50
 
@@ -36,13 +36,30 @@ def _port_pair() -> int:
     raise BrokerError(msg)
 
 
+class RestartableBroker:
+    """A broker of the test's own; `restart` stops it and starts it on the same dir and ports."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def restart(self) -> None:
+        """SIGTERM (SIGKILL after 20 s), then start again on the same data dir and ports."""
+        old = self.broker
+        old.stop()
+        self.broker = start_broker(old.workdir, port=old.port, stop_with_parent=True)
+
+
 @pytest.fixture
-def chaos_broker(tmp_path: Path) -> Iterator[Broker]:
+def chaos_broker(tmp_path: Path) -> Iterator[RestartableBroker]:
     """A broker of this test's own, on a port pair it keeps across a restart."""
     try:
         broker = start_broker(tmp_path / "kafka", port=_port_pair(), stop_with_parent=True)
     except BrokerError as exc:
         _unavailable(str(exc))
-    yield broker
-    # After a restart the running broker is another process: find it by its pid file.
-    (find_running(broker.workdir) or broker).stop(wipe=True)
+    handle = RestartableBroker(broker)
+    yield handle
+    handle.broker.stop(wipe=True)

@@ -15,9 +15,8 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Protocol
 
-from infra.broker import Broker, start_broker
 from tests.integration.support import FaustWorker
 
 FREEZE_MARGIN_S = 4.0
@@ -137,11 +136,10 @@ class Fleet:
                 worker.kill()
 
 
-def restart_broker(broker: Broker) -> Broker:
-    """Stop the broker (SIGTERM) and start it again on the same data dir and ports."""
-    workdir: Path = broker.workdir
-    broker.stop()
-    return start_broker(workdir, port=broker.port, stop_with_parent=True)
+class Restartable(Protocol):
+    """A broker the chaos may restart (tests/chaos/conftest.py RestartableBroker)."""
+
+    def restart(self) -> None: ...
 
 
 @dataclass
@@ -152,10 +150,10 @@ class Chaos:
     rng: random.Random
     session_timeout_s: float
     gap_s: tuple[float, float]
-    broker: Broker | None = None
+    broker: Restartable | None = None
     """Restart this broker once, when `restart_at_s` (since the start) has passed."""
     restart_at_s: float | None = None
-    restarted: Broker | None = None
+    restarted: bool = False
     thaws: list[asyncio.Task[None]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -178,7 +176,7 @@ class Chaos:
         elapsed = time.monotonic() - self.fleet.started
         return (
             self.broker is not None
-            and self.restarted is None
+            and not self.restarted
             and self.restart_at_s is not None
             and elapsed >= self.restart_at_s
         )
@@ -187,7 +185,8 @@ class Chaos:
         assert self.broker is not None
         self.fleet.note("broker restart: SIGTERM")
         started = time.monotonic()
-        self.restarted = await asyncio.to_thread(restart_broker, self.broker)
+        await asyncio.to_thread(self.broker.restart)
+        self.restarted = True
         self.fleet.note(f"broker ready again after {time.monotonic() - started:.1f} s")
         self._count("broker restart")
 

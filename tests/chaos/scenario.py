@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from infra.broker import Broker
+from bench.synthetic import FILLER
 from schemas.config import load_config
 from tests.integration.support import FaustWorker
 from tests.integration.worker_support import (
@@ -31,7 +30,7 @@ from tests.integration.worker_support import (
 
 from . import checks
 from .checks import Row
-from .faults import Chaos, Fleet
+from .faults import Chaos, Fleet, Restartable
 from .stream import Message, generate, place, sentinels
 
 CONFIG = Path(__file__).resolve().parent / "chaos.yaml"
@@ -148,7 +147,9 @@ async def produce_paced(
     ]
 
 
-async def run(plan: Plan, bootstrap: str, workdir: Path, broker: Broker | None = None) -> list[Row]:
+async def run(
+    plan: Plan, bootstrap: str, workdir: Path, broker: Restartable | None = None
+) -> list[Row]:
     """The whole scenario; returns the result rows (printed as a table too)."""
     began = time.monotonic()
     print(
@@ -173,59 +174,132 @@ async def run(plan: Plan, bootstrap: str, workdir: Path, broker: Broker | None =
     chaos = Chaos(fleet, rng, SESSION_TIMEOUT_S, plan.fault_gap_s)
     try:
         await asyncio.gather(*(fleet.start(n) for n in range(plan.workers)))
-        return await _stream_and_check(plan, dep, generated, fleet, chaos, broker, workdir, began)
+        run = Run(plan, dep, fleet, chaos, workdir, began, generated)
+        return await run.stream_and_check(broker)
     finally:
         fleet.shutdown()
-        for line in fleet.events:
-            print(f"[chaos log] {line}")
         for n, w in enumerate(fleet.workers):
             print(f"[chaos] w{n}: {w.starts} starts, log {w.log_path}")
 
 
-async def _stream_and_check(
-    plan: Plan,
-    dep: Deployment,
-    generated: list[Message],
-    fleet: Fleet,
-    chaos: Chaos,
-    broker: Broker | None,
-    workdir: Path,
-    began: float,
-) -> list[Row]:
-    rng = chaos.rng
-    start_ms = int(time.time() * 1000) + LEAD_MS
-    stream = place(generated, start_ms)
-    last = stream[-1].at
-    # Every partition's watermark passes every deadline of the stream (replay --until the same).
-    marks = sentinels(PARTITIONS, last + TIMEOUT_MS + LATENESS_MS + 1_000, partition_of)
-    withheld = _withheld(plan, stream, rng)
-    to_send = [m for m in stream if m not in withheld] + marks
-    if plan.restart_broker and broker is not None:
-        chaos.broker = broker
-        chaos.restart_at_s = time.monotonic() - began + plan.produce_s * rng.uniform(0.3, 0.6)
-    fleet.note(
-        f"stream: {len(to_send)} messages, {sum(m.bad is not None for m in stream)} malformed, "
-        f"{len({m.event.user for m in stream if m.event})} users, over "
-        f"{(marks[0].at - start_ms) / 1000:.0f} s"
-        + (f"; broker restart at {chaos.restart_at_s:.0f} s" if chaos.restart_at_s else "")
-    )
-    stop = asyncio.Event()
-    faults = asyncio.create_task(chaos.run(stop))
-    failures = await produce_paced(dep.bootstrap, dep.topics.events.name, to_send, fleet)
-    stop.set()
-    await faults
-    await chaos.finish()
-    fleet.note("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items())))
-    deadline = max(began + plan.seconds - CHECK_RESERVE_S, time.monotonic() + MIN_SETTLE_S)
-    rows = await _settle_and_check(
-        dep, generated, stream, marks, withheld, fleet, workdir, deadline
-    )
-    if failures:
-        rows.insert(0, Row("producer sends", False, f"{len(failures)} failed", failures))
-    rows.append(Row("faults injected", bool(chaos.counts), _faults(chaos, fleet)))
-    print(f"\n[chaos] seed {plan.seed}, {time.monotonic() - began:.0f} s\n" + checks.table(rows))
-    sys.stdout.flush()
-    return rows
+@dataclass
+class Run:
+    """One run's stream, placed on the wall clock when production starts."""
+
+    plan: Plan
+    dep: Deployment
+    fleet: Fleet
+    chaos: Chaos
+    workdir: Path
+    began: float
+    generated: list[Message]
+    start_ms: int = 0
+    stream_began: float = 0.0
+    """Seconds after `began` at which the stream's time 0 was."""
+    stream: list[Message] = field(default_factory=list)
+    marks: list[Message] = field(default_factory=list)
+    withheld: list[Message] = field(default_factory=list)
+
+    def since_began(self, at_ms: int) -> float:
+        """Seconds since the run began at which the message of time `at_ms` was due."""
+        return (at_ms - self.start_ms) / 1000 + self.stream_began
+
+    async def stream_and_check(self, broker: Restartable | None) -> list[Row]:
+        plan, fleet, chaos = self.plan, self.fleet, self.chaos
+        self.start_ms = int(time.time() * 1000) + LEAD_MS
+        self.stream_began = time.monotonic() - self.began + LEAD_MS / 1000
+        self.stream = place(self.generated, self.start_ms)
+        # Every partition's watermark passes every deadline of the stream (replay --until it).
+        until = self.stream[-1].at + TIMEOUT_MS + LATENESS_MS + 1_000
+        self.marks = sentinels(PARTITIONS, until, partition_of)
+        self.withheld = _withheld(plan, self.stream, chaos.rng)
+        to_send = [m for m in self.stream if m not in self.withheld] + self.marks
+        if plan.restart_broker and broker is not None:
+            chaos.broker = broker
+            chaos.restart_at_s = self.stream_began + plan.produce_s * chaos.rng.uniform(0.3, 0.6)
+        fleet.note(
+            f"stream: {len(to_send)} messages, {sum(m.bad is not None for m in self.stream)} "
+            f"malformed, {len({m.event.user for m in self.stream if m.event})} users, over "
+            f"{(until - self.start_ms) / 1000:.0f} s"
+            + (f"; broker restart at {chaos.restart_at_s:.0f} s" if chaos.restart_at_s else "")
+        )
+        # The replay needs only the generated stream: it runs while the stream is produced.
+        good = [m for m in self.stream + self.marks if m.event is not None]  # in time order
+        replay = asyncio.create_task(
+            asyncio.to_thread(checks.run_replay, CONFIG, good, until, self.workdir / "replay")
+        )
+        stop = asyncio.Event()
+        faults = asyncio.create_task(chaos.run(stop))
+        failures = await produce_paced(
+            self.dep.bootstrap, self.dep.topics.events.name, to_send, fleet
+        )
+        stop.set()
+        await faults
+        await chaos.finish()
+        fleet.note("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items())))
+        deadline = max(self.began + plan.seconds - CHECK_RESERVE_S, time.monotonic() + MIN_SETTLE_S)
+        rows = await self.settle_and_check(await replay, deadline)
+        if failures:
+            rows.insert(0, Row("producer sends", False, f"{len(failures)} failed", failures))
+        rows.append(Row("faults injected", bool(chaos.counts), _faults(chaos, fleet)))
+        report = (
+            f"[chaos] seed {plan.seed}, {time.monotonic() - self.began:.0f} s, "
+            f"workdir {self.workdir}\n" + checks.table(rows)
+        )
+        print("\n" + "\n".join(f"[chaos log] {line}" for line in fleet.events))
+        print("\n" + report, flush=True)
+        (self.workdir / "chaos-report.txt").write_text(
+            report + "\n\n" + "\n".join(fleet.events) + "\n\n" + checks.all_problems(rows)
+        )
+        return rows
+
+    async def settle_and_check(self, replay: checks.Replay, deadline: float) -> list[Row]:
+        """Wait (bounded) until every check passes or the budget is spent; the last rows."""
+        dep, fleet = self.dep, self.fleet
+        config = load_config(CONFIG)
+        topic = dep.topics.events.name
+        ends = await checks.end_offsets(dep.bootstrap, topic, PARTITIONS)
+        async with TopicReader(dep.bootstrap, [topic]) as reader:
+            records = await reader.read_to_end()
+        inp = checks.label_input(records, self.stream + self.marks, ends)
+        fleet.note(f"replay: {len(replay.messages)} messages, {len(replay.states)} users")
+        since = {n: len(w.log_text()) for n, w in enumerate(fleet.workers)}
+        async with (
+            TopicReader(dep.bootstrap, dep.outputs) as outputs,
+            TopicReader(dep.bootstrap, [dep.topics.dlq.name]) as dlq,
+            TopicReader(dep.bootstrap, [dep.changelog]) as changelog,
+        ):
+            while True:
+                fleet.check_exits()
+                out_records = await outputs.read_to_end()
+                letters = await dlq.read_to_end()
+                log = await changelog.read_to_end()
+                stored = checks.changelog_users(log, config)
+                out_row, seen = checks.check_outputs(out_records, replay)
+                dlq_offsets = checks.dead_lettered(letters)
+                rows = [
+                    checks.check_produced(inp, self.stream + self.marks, self.withheld),
+                    checks.check_accounting(
+                        inp, stored, replay, seen, dlq_offsets, self.since_began
+                    ),
+                    checks.check_dead_letters(inp, letters, topic),
+                    checks.check_states(stored, replay),
+                    checks.check_changelog_order(log, config),
+                    out_row,
+                    checks.check_committed(await checks.committed_vs_end(dep, PARTITIONS)),
+                    checks.check_workers(
+                        checks.worker_lags(fleet.workers, since),
+                        await checks.group_state(dep),
+                        len(fleet.workers),
+                        fleet.unexpected_exits,
+                    ),
+                ]
+                settled = all(r.ok for r in rows)
+                if settled or not await checks.poll(1.0, deadline):
+                    fleet.note("settled" if settled else "time budget spent")
+                    if not settled:
+                        checks.dump(self.workdir, out_records, stored)
+                    return rows
 
 
 def _withheld(plan: Plan, stream: list[Message], rng: random.Random) -> list[Message]:
@@ -234,77 +308,11 @@ def _withheld(plan: Plan, stream: list[Message], rng: random.Random) -> list[Mes
         return []
     assert plan.inject == "drop", f"CHAOS_INJECT={plan.inject}: only 'drop' is known"
     middle = stream[len(stream) // 3 : 2 * len(stream) // 3]
-    candidates = [
-        m
-        for m in middle
-        if m.event is not None
-        and m.event.name
-        and "." in m.event.name
-        and m.event.name not in ("page.viewed",)
-    ]
-    return [rng.choice(candidates)]
+    signals = [m for m in middle if m.event is not None and m.event.name not in (None, *FILLER)]
+    return [rng.choice(signals)]
 
 
 def _faults(chaos: Chaos, fleet: Fleet) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items()))
     extra = f"; failed steps: {fleet.failed_steps}" if fleet.failed_steps else ""
     return counts + extra
-
-
-async def _settle_and_check(
-    dep: Deployment,
-    generated: list[Message],
-    stream: list[Message],
-    marks: list[Message],
-    withheld: list[Message],
-    fleet: Fleet,
-    workdir: Path,
-    deadline: float,
-) -> list[Row]:
-    """Wait (bounded) until every check passes or the budget is spent; the last rows."""
-    config = load_config(CONFIG)
-    topic = dep.topics.events.name
-    ends = await checks.end_offsets(dep.bootstrap, topic, PARTITIONS)
-    async with TopicReader(dep.bootstrap, [topic]) as reader:
-        records = await reader.read_to_end()
-    inp = checks.label_input(records, stream + marks, ends)
-    good = [m for m in stream + marks if m.event is not None]  # generation order = time order
-    replay = checks.run_replay(CONFIG, good, marks[0].at, workdir / "replay")
-    fleet.note(f"replay: {len(replay.messages)} messages, {len(replay.states)} users")
-    since = {n: len(w.log_text()) for n, w in enumerate(fleet.workers)}
-    async with (
-        TopicReader(dep.bootstrap, dep.outputs) as outputs,
-        TopicReader(dep.bootstrap, [dep.topics.dlq.name]) as dlq,
-        TopicReader(dep.bootstrap, [dep.changelog]) as changelog,
-    ):
-        while True:
-            fleet.check_exits()
-            out_records = await outputs.read_to_end()
-            letters = await dlq.read_to_end()
-            stored = checks.changelog_users(await changelog.read_to_end(), config)
-            out_row, seen = checks.check_outputs(out_records, replay)
-            dlq_row = checks.check_dead_letters(inp, letters, topic)
-            dlq_offsets = {(r["partition"], r["offset"]) for r in map(_decode, letters)}
-            rows = [
-                checks.check_produced(inp, stream + marks, withheld),
-                checks.check_accounting(inp, stored, replay, seen, dlq_offsets),
-                dlq_row,
-                checks.check_states(stored, replay),
-                out_row,
-                checks.check_committed(await checks.committed_vs_end(dep, PARTITIONS)),
-                checks.check_workers(
-                    checks.worker_lags(fleet.workers, since),
-                    await checks.group_state(dep),
-                    len(fleet.workers),
-                    fleet.unexpected_exits,
-                ),
-            ]
-            if all(r.ok for r in rows) or not await checks.poll(1.0, deadline):
-                fleet.note("settled" if all(r.ok for r in rows) else "time budget spent")
-                return rows
-
-
-def _decode(record: object) -> dict[str, object]:
-    from schemas.outputs import decode_output
-
-    return decode_output(record.value or b"")  # type: ignore[attr-defined]

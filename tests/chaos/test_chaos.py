@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.broker import Broker
-
 from .checks import table
+from .conftest import RestartableBroker
 from .scenario import FULL, SHORT, Plan, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,7 +29,7 @@ async def test_short_chaos_loses_nothing(kafka: str, tmp_path: Path) -> None:
 
 @pytest.mark.chaos_full
 @pytest.mark.skipif(os.environ.get("CHAOS_FULL") != "1", reason="the full chaos run: make chaos")
-async def test_full_chaos_loses_nothing(chaos_broker: Broker, tmp_path: Path) -> None:
+async def test_full_chaos_loses_nothing(chaos_broker: RestartableBroker, tmp_path: Path) -> None:
     """About five minutes: 50,000 events, faults every few seconds, one broker restart."""
     rows = await run(Plan.from_env(FULL), chaos_broker.bootstrap, tmp_path, broker=chaos_broker)
     assert all(r.ok for r in rows), "\n" + table(rows)
