@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import faust
 from faust.types import TP
@@ -89,15 +91,61 @@ class FaustTable(Table):
             return value
 
     def set(self, key: bytes, value: bytes, context: Any) -> Any:
-        """Write on the partition of `context`; returns its changelog record's future.
+        """Write the local store and the changelog; returns the changelog record's future."""
+        self.store(key, value, context)
+        return self.send(key, value, context)
 
-        The store and the changelog are written through the table's public `data` and
-        `send_changelog` (what `table[key] = value` does, minus discarding the future), so
-        the worker can wait for the broker to have the record before acknowledging inputs.
-        """
+    def store(self, key: bytes, value: bytes, context: Any) -> None:
+        """Write the local store on the partition of `context` (no changelog record)."""
         with on_partition_of(context):
             self.table.data[key] = value
+
+    def send(self, key: bytes, value: bytes, context: Any) -> Any:
+        """Send the changelog record of a value just stored; returns its future.
+
+        Together with `store`, what `table[key] = value` does through the table's public
+        `data` and `send_changelog`, minus discarding the future: the worker waits for the
+        broker to have every record before it acknowledges the inputs.
+        """
         return self.table.send_changelog(context.message.partition, key, value)
+
+
+class KillSwitch:
+    """Crash tests only: SIGKILL this worker at one step of its n-th batch.
+
+    `ORACULAR_TEST_KILL_AT=STEP:N` with STEP one of outputs (delivered), stored (local store
+    written), changelog (changelog records acknowledged) or acked (inputs acknowledged), and N
+    the batch to reach that step, counted from 1. Unset (always, outside tests): off.
+    """
+
+    STEPS: Final = ("outputs", "stored", "changelog", "acked")
+
+    def __init__(self, step: str | None, batch: int) -> None:
+        """Kill at `step` of the `batch`-th batch (None: never)."""
+        self.step, self.batch = step, batch
+        self.seen: dict[str, int] = {}
+
+    @classmethod
+    def from_env(cls) -> KillSwitch:
+        """From ORACULAR_TEST_KILL_AT."""
+        spec = os.environ.get("ORACULAR_TEST_KILL_AT", "")
+        if not spec:
+            return cls(None, 0)
+        step, _, batch = spec.partition(":")
+        if step not in cls.STEPS or not batch.isdigit():
+            msg = f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N, STEP one of {cls.STEPS}"
+            raise ValueError(msg)
+        return cls(step, int(batch))
+
+    def reached(self, step: str) -> None:
+        """Count `step`; SIGKILL this process when it is the chosen one."""
+        if self.step != step:
+            return
+        self.seen[step] = self.seen.get(step, 0) + 1
+        if self.seen[step] == self.batch:
+            log.warning("ORACULAR_TEST_KILL_AT: killing the worker after %s", step)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -190,6 +238,7 @@ def create_app(
         async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
             for event in await runtime.run_batch(events):
                 await stream.ack(event)
+            runtime.faults.reached("acked")
 
     @app.timer(settings.tick_interval_s)
     async def tick() -> None:
@@ -236,6 +285,7 @@ class _Runtime:
         self.events_topic = settings.topics.events.name
         self.started = time.monotonic()
         self._last_summary = (self.started, 0)
+        self.faults = KillSwitch.from_env()
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
@@ -254,7 +304,12 @@ class _Runtime:
         ]
         await producer.flush()
         await asyncio.gather(*sent)
-        changelog = [self.table.set(key, value, context) for key, value, context in batch.writes()]
+        self.faults.reached("outputs")
+        writes = list(batch.writes())
+        for key, value, context in writes:
+            self.table.store(key, value, context)
+        self.faults.reached("stored")
+        changelog = [self.table.send(key, value, context) for key, value, context in writes]
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
@@ -269,6 +324,7 @@ class _Runtime:
             )
             await self.app.crash(exc)
             raise
+        self.faults.reached("changelog")
         if self.backfill is not None:
             self._backfill_progress(messages)
         return events
