@@ -58,7 +58,7 @@ from typing import Any
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.synthetic import FILLER, START, clickstream, event_names
+from bench.synthetic import FILLER, START, clickstream, closing_marks, event_names
 from engine import EngineConfig, Event, replay
 from infra.broker import Broker, rss_bytes, start_broker, tied_to_parent
 from schemas.config import load_config
@@ -69,8 +69,10 @@ from streams.topics import TopicSpec, product_topics
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "oracular.yaml"
 PARTITIONS = 8
-HUGE_GRACE_MS = 10 * 365 * 24 * 3600 * 1000
-"""Ten years: wall clock minus this never reaches the events, so only event time counts."""
+DAY_MS = 24 * 3600 * 1000
+DEFAULT_LATENESS_MS = 120_000  # the worker's default ORACULAR_LATENESS_MS
+HUGE_LATENESS_MS = 10 * 365 * 24 * 3600 * 1000
+"""Ten years of lateness: no watermark reaches a deadline, so every episode stays open."""
 
 READY_LINE = "Worker ready"
 REBUILT_LINE = "deadline index rebuilt"
@@ -148,9 +150,12 @@ def every_user(config: EngineConfig, users: int, per_user: int, seed: int = 5) -
 
 
 def expected_outputs(config: EngineConfig, events: Sequence[Event]) -> dict[str, int]:
-    """Predictions and closed episodes the worker publishes for `events` once every episode
-    has closed (the wall clock is far past the synthetic event times), from `engine.replay`."""
-    result = replay(config, events)
+    """Predictions and closed episodes the worker publishes for `events`, from `engine.replay`.
+
+    `events` end with `closing_marks` a day after the rest: the watermark they give (that
+    time minus the default lateness) closes every other episode.
+    """
+    result = replay(config, events, until=events[-1].at - DEFAULT_LATENESS_MS)
     return {
         "predictions": sum(1 for step in result.steps if step.predictions),
         "episodes": sum(1 for step in result.steps if step.closed is not None)
@@ -598,6 +603,7 @@ class Bench:
         p, r = self.params, self.results
         source = self.name("input")
         events = clickstream(self.config, p.events, p.users)
+        events += closing_marks(events[-1].at + DAY_MS, PARTITIONS)
         say(f"expected outputs of {p.events:,} events over {p.users:,} users (engine.replay)")
         r.expected = expected_outputs(self.config, events)
         await create_topics(self.bootstrap, [source])
@@ -798,14 +804,14 @@ class Bench:
         r.load("recovery")
         events = every_user(self.config, p.recovery_users, p.recovery_events_per_user)
         expected = expected_outputs(self.config, events)
-        writer = self.worker(self.name("recovery"), grace_ms=str(HUGE_GRACE_MS))
+        writer = self.worker(self.name("recovery"), lateness_ms=str(HUGE_LATENESS_MS))
         topics = writer.topics
         empty_input = f"{writer.prefix}.events-empty"
         await create_topics(self.bootstrap, [spec.name for spec in topics] + [empty_input])
         preload_s = await preload(self.bootstrap, topics.events.name, events)
         say(f"recovery: preloaded {len(events):,} events of {p.recovery_users:,} users")
         del events
-        # Every episode stays open (ten years of grace), so nothing closes: only predictions.
+        # Every episode stays open (ten years of lateness), so nothing closes: only predictions.
         roles = {"predictions": topics.predictions.name}
         started = asyncio.Event()
         collector = asyncio.create_task(
@@ -842,14 +848,14 @@ class Bench:
                 self.name("empty"),
                 prefix=writer.prefix,
                 topic_events=empty_input,
-                grace_ms=str(HUGE_GRACE_MS),
+                lateness_ms=str(HUGE_LATENESS_MS),
             )
             r.empties.append(await self.time_ready(empty))
             restore = self.worker(
                 self.name("restore"),
                 app_id=writer.app_id,
                 prefix=writer.prefix,
-                grace_ms=str(HUGE_GRACE_MS),
+                lateness_ms=str(HUGE_LATENESS_MS),
             )
             r.restores.append(await self.time_ready(restore))
             say(
@@ -1189,7 +1195,7 @@ def section(r: Results, command: str) -> str:
             f"drained {rec['events']:,} events of {rec['users']:,} users "
             f"({p.recovery_events_per_user} adjacent events each, at "
             f"{rec['writer_rate']:,.0f} events/s) and wrote {rec['changelog_records']:,} "
-            "changelog records; grace ten years, so every episode stays open and nothing "
+            "changelog records; lateness ten years, so every episode stays open and nothing "
             'changes the changelog between restores. Start → "Worker ready" (log time): '
             f"restore {_list(r.restores, 'ready_s', '{:.1f}')} s; empty changelog "
             f"{_list(r.empties, 'ready_s', '{:.1f}')} s. RocksDB bytes after a restore: "

@@ -66,3 +66,23 @@ def sessions_for(config: EngineConfig, user: str, episodes: int, seed: int = 3) 
             yield Event(user, at + 1_000, name=rng.choice(outcomes))
         yield Event(user, at + 2_000, type="end")
         at += 24 * 60 * MINUTE
+
+
+def closing_marks(at: int, partitions: int) -> list[Event]:
+    """One page view per partition, by a user whose id hashes there (murmur2), at time `at`.
+
+    Appended a day after a generated stream, they move every partition's watermark past the
+    stream's deadlines by event time, as later traffic would: a worker then closes exactly
+    what `replay(..., until=at − lateness)` closes, without waiting on the wall clock.
+    """
+    from aiokafka.partitioner import DefaultPartitioner  # noqa: PLC0415 - not for the engine
+
+    partitioner = DefaultPartitioner()
+    every = list(range(partitions))
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < partitions:
+        user = f"sentinel-{n}"
+        found.setdefault(int(partitioner(user.encode(), every, every)), user)
+        n += 1
+    return [Event(found[p], at, name="page.viewed", id=f"sentinel-{p}") for p in range(partitions)]

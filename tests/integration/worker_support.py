@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 
-from bench.synthetic import FILLER, clickstream
+from bench.synthetic import FILLER, clickstream, closing_marks
 from engine import END_OF_TIME, EngineConfig, Event, close_if_due, serialize
 from schemas.config import load_config
 from schemas.outputs import decode_output
@@ -185,13 +185,7 @@ def partition_of(key: bytes, partitions: int = PARTITIONS) -> int:
 
 def sentinels(at: int, partitions: int = PARTITIONS) -> list[Event]:
     """One event per partition, by a user whose id hashes there, at time `at`."""
-    found: dict[int, str] = {}
-    n = 0
-    while len(found) < partitions:
-        user = f"sentinel-{n}"
-        found.setdefault(partition_of(user.encode(), partitions), user)
-        n += 1
-    return [Event(found[p], at, name="page.viewed", id=f"sentinel-{p}") for p in range(partitions)]
+    return closing_marks(at, partitions)
 
 
 def encode_event(event: Event, *, properties: int = 0) -> tuple[bytes, bytes]:
