@@ -637,6 +637,12 @@ class FaustNode:
         return int(metadata.partition), int(metadata.offset)
 
 
+def _state_table() -> str:
+    from streams.app import STATE_TABLE  # noqa: PLC0415 - streams.app imports this module
+
+    return STATE_TABLE
+
+
 def _end_offset(consumer: Any, tp: Any) -> int | None:
     """The partition's end offset as the worker's own lag uses it (the last stable offset
     where `streams.faust_patches` provides it), else the consumer's high-water mark."""
@@ -736,6 +742,11 @@ def install_serving(app: Any, runtime: Any) -> Api:
     url = advertised_url(settings, sock)
     app.conf.canonical_url = url
     app.conf.web_tables_enabled = False  # Faust's raw /table views: never
+    # Faust applies a standby's changelog records in batches of this many (default 1,000, with
+    # no time bound): a stale read could trail the owner by that many writes. One at a time,
+    # a standby trails only by the changelog's replication delay.
+    node_table = app.tables[_state_table()]
+    node_table.standby_buffer_size = 1
     node = FaustNode(app, runtime, url)
     api = Api(node, token=settings.api_token, forward_timeout_s=settings.api_forward_timeout_s)
     service = ApiService(app, build_web_app(api), sock, url)

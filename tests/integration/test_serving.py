@@ -375,3 +375,46 @@ async def test_a_reveal_posted_through_the_api_suppresses_and_is_replayed(
         want.suppressed_until,
     )
     assert worker.stop() == 0
+
+
+async def test_stale_reads_come_from_the_standby_copy(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """With a standby replica, `?stale=true` through the worker that does not own a user is
+    answered from its standby copy, without a hop, and (once the changelog is replicated)
+    equals the replay."""
+    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_STANDBY_REPLICAS": "1"}
+    dep = deployment(kafka, request.node.name, settings=env)
+    events = generate_stream(dep.config, events=1_500, users=100, seed=33)
+    states = replayed(dep.config, events)
+    at = events[-1].at + 2 * DAY_MS
+    await dep.create_topics()
+    first = worker_for(faust_worker, dep).start()
+    second = relocate(worker_for(faust_worker, dep), tmp_path / "second").start()
+    urls = [api_url(first), api_url(second)]
+    await wait_group_stable(dep, members=2)
+
+    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+        owners = await wait_routing(http, urls)
+        await produce_events(kafka, dep.topics.events.name, events)
+        await wait_committed(dep)
+
+        async def standby_answers() -> tuple[bool, Any]:
+            wrong = []
+            for user, state in sorted(states.items()):
+                owner = owners[str(partition_for(user, PARTITIONS))]
+                asked = urls[1] if owner == urls[0] else urls[0]
+                status, body, _ = await get_json(
+                    http, f"{asked}/v1/users/{user}?at={at}&stale=true", token=None
+                )
+                if status != 200:
+                    wrong.append((user, status, body))
+                elif body["served_by"] != {"worker": asked, "role": "standby"}:
+                    wrong.append((user, body["served_by"]))
+                else:
+                    wrong += answer_problems(body, state, at)
+            return not wrong, wrong[:5]
+
+        await wait_until(standby_answers, timeout_s=ANSWER_TIMEOUT_S, what="standby answers")
+    assert second.stop() == 0
+    assert first.stop() == 0
