@@ -34,7 +34,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from mode import Service
 from yarl import URL
 
-from engine import EngineConfig
+from engine import EngineConfig, EngineError
 from streams import processor as processor_module
 from streams.metrics import CONTENT_TYPE, Family, Metrics, processor_families, render
 from streams.serving import (
@@ -291,8 +291,13 @@ class _Handlers:
     ) -> dict[str, Any]:
         """Answer from this worker's copy of the partition (one user decoded)."""
         raw = self.node.get(partition, user.encode())
+        try:
+            read = read_user(raw, self.api.config, partition)
+        except EngineError as exc:  # a stored state this worker cannot read
+            msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
+            raise ApiError(500, msg, partition=partition) from exc
         return answer(
-            read_user(raw, self.api.config, partition),
+            read,
             user,
             intents=intents,
             at=at,
@@ -370,14 +375,22 @@ class _Handlers:
                 elif decision.action == "unavailable":
                     results[n] = _unavailable(item, partition, decision.reason)
                 else:
-                    body = self._local(
-                        item.user,
-                        partition,
-                        decision,
-                        intents=item.intents,
-                        at=at,
-                        with_explain=batch.explain,
-                    )
+                    try:
+                        body = self._local(
+                            item.user,
+                            partition,
+                            decision,
+                            intents=item.intents,
+                            at=at,
+                            with_explain=batch.explain,
+                        )
+                    except ApiError as exc:  # this user only: the others are answered
+                        status = "unavailable" if exc.status == 503 else "error"
+                        results[n] = {
+                            **_unavailable(item, partition, exc.message),
+                            "status": status,
+                        }
+                        continue
                     results[n] = {"status": "found" if body["known"] else "unknown", **body}
                     decoded += 1
                     if decoded % YIELD_EVERY == 0:

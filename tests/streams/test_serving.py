@@ -536,3 +536,16 @@ def test_advertised_url_is_spelled_as_fausts_assignor_spells_it() -> None:
             bind("127.0.0.1", port).close()  # listening already: a second worker cannot take it
     finally:
         sock.close()
+
+
+async def test_an_unreadable_stored_state_is_a_500_for_that_user_only(pair, http, config) -> None:
+    a, _ = pair
+    broken, fine = user_on(0, "broken"), user_on(0, "fine")
+    a.node.tables.setdefault(0, {})[broken.encode()] = b"\xc1 not msgpack"
+    status, body, _ = await get(http, f"{a.url}/v1/users/{broken}")
+    assert status == 500 and "cannot be read" in body["error"], body
+    async with http.post(f"{a.url}/v1/lookup", json={"users": [broken, fine]}) as response:
+        assert response.status == 200
+        results = (await response.json())["results"]
+    assert [r["status"] for r in results] == ["error", "unknown"]
+    assert "cannot be read" in results[0]["error"]
