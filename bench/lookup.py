@@ -120,7 +120,7 @@ async def lookup_load(
 
 async def throughput_run(
     bootstrap: str, prefix: str, total: int, users: list[str], base: Path, *, lookups: bool
-) -> dict[str, float]:
+) -> dict[str, Any]:
     app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
     workers = [
         Worker(
@@ -241,7 +241,7 @@ async def main_async(args: argparse.Namespace) -> int:
         users = sorted({e.user for e in events})
         say(f"preloading {len(events):,} events of {len(users):,} users")
         await preload(bootstrap, topics.events.name, events)
-        rows = {"without": [], "with": []}
+        rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
         for n in range(args.runs * 2):
             lookups = n % 2 == 1
             row = await throughput_run(bootstrap, prefix, len(events), users, base, lookups=lookups)

@@ -10,6 +10,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -156,7 +157,7 @@ def render(body: dict[str, Any], out: TextIO) -> None:
         _table(signals, out)
 
 
-def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
     widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [
