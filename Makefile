@@ -17,7 +17,7 @@ BROKER = $(PY) -m infra.broker --dir $(KAFKA_DIR)
 PYTEST_ARGS ?=
 
 .PHONY: help setup kafka broker-up broker-down topics test test-fast lint typecheck check run \
-	bench clean distclean
+	bench clean distclean chaos
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -49,6 +49,13 @@ test: setup kafka ## all tests, integration included (they start their own broke
 
 test-fast: setup ## the tests that need no broker
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+# The full chaos run (tests/chaos, docs/operations.md "Running several workers"): about five
+# minutes, its own broker (restarted once), logs of the last run kept in var/chaos/.
+# Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
+chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
+	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
+		--basetemp=var/chaos $(PYTEST_ARGS)
 
 lint: setup ## ruff check and format check
 	$(VENV)/bin/ruff check .
