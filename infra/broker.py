@@ -403,12 +403,16 @@ def server_properties(workdir: Path, port: int, controller_port: int) -> str:
 def cluster_id(workdir: Path) -> str:
     """The cluster id for this runtime dir: made once, kept so the data dir stays valid.
 
-    Same format as Kafka's Uuid: URL-safe base64 of 16 random bytes without `=` padding.
+    Same format as Kafka's Uuid: URL-safe base64 of 16 random bytes without `=` padding, and,
+    as Kafka's own `Uuid.randomUuid` does, never starting with '-' (one id in 64 would, and a
+    command line would take it for an option).
     """
     path = workdir / "cluster.id"
     if path.is_file():
         return path.read_text().strip()
-    new_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+    new_id = "-"
+    while new_id.startswith("-"):
+        new_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
     path.write_text(new_id + "\n")
     return new_id
 
@@ -437,8 +441,7 @@ def _format_storage(lib: Path, properties: Path, workdir: Path) -> None:
         _classpath(lib),
         "kafka.tools.StorageTool",
         "format",
-        "-t",
-        cluster_id(workdir),
+        f"--cluster-id={cluster_id(workdir)}",  # one argument: an id may start with '-'
         "-c",
         str(properties),
         "--ignore-formatted",

@@ -211,3 +211,10 @@ def test_a_tied_child_dies_with_the_process_that_started_it(tmp_path: Path) -> N
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the child outlived its parent"
+
+
+def test_cluster_ids_never_start_with_a_dash(tmp_path: Path, monkeypatch) -> None:
+    """An id starting with '-' would be taken for an option by the storage tool."""
+    draws = iter([b"\xfb" + bytes(15), bytes(16)])  # base64 of 0xfb... starts with '-'
+    monkeypatch.setattr(broker.os, "urandom", lambda n: next(draws))
+    assert not broker.cluster_id(tmp_path).startswith("-")
