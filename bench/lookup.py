@@ -4,14 +4,15 @@ Two `oracular worker` processes (8 partitions, every setting default but ORACULA
 against a broker this bench starts on free ports (or --broker), on one machine.
 
 1. Throughput with and without lookup load. The synthetic clickstream (bench/synthetic.py) is
-   produced once to the input topic. Each run is two fresh workers (a new app id: a new group
-   reading the topic from the start) started together; once both own partitions (routing
-   agreed, no rebalance), the applied-input counters of both workers' /metrics are sampled
-   every second for WINDOW_S (or until the topic is drained), and the rate is their slope.
-   In "lookup" runs, CLIENTS closed-loop clients in this process send single-user lookups,
-   each through the worker that does NOT own the user (one forward), for the whole window.
-   Runs alternate without / with lookups; the ratio is median(with) / median(without).
-2. Latency under processing load. With the last run's two workers (states in place),
+   produced to the input topic first; then two fresh workers (a new app id: a new group
+   reading the topic from the start) are started together. Once both own partitions (routing
+   agreed, no rebalance), the backlog drains in alternating WINDOW_S windows without and with
+   lookup load (A B B A A B B A ..., so a drifting background load weighs on both alike); each
+   window's rate is the slope of the applied-input counters of both workers' /metrics. In
+   "with" windows, CLIENTS closed-loop clients in this process send single-user lookups, each
+   through the worker that does NOT own the user (one forward). The ratio is the pooled rate
+   with lookups over the pooled rate without.
+2. Latency under processing load. Once the backlog is drained (every user's state in place),
    bench/loadgen.py (its own process) offers live events at LIVE_RATE events/s while this
    process measures, one request at a time: single-user lookups at the owner, single-user
    lookups through the non-owner (one forward), and batches of 100 users all owned by the
@@ -46,7 +47,7 @@ from schemas.config import load_config
 from streams.serving import partition_for
 from streams.topics import product_topics
 
-WINDOW_S = 20.0
+WINDOW_S = 8.0
 CLIENTS = 4
 LIVE_RATE = 1000.0
 SINGLE_REQUESTS = 1000
@@ -118,9 +119,8 @@ async def lookup_load(
     return done
 
 
-async def throughput_run(
-    bootstrap: str, prefix: str, total: int, users: list[str], base: Path, *, lookups: bool
-) -> dict[str, Any]:
+async def start_workers(bootstrap: str, prefix: str, base: Path) -> list[Worker]:
+    """Two fresh workers (a new app id: the group reads the input from the start)."""
     app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
     workers = [
         Worker(
@@ -134,32 +134,44 @@ async def throughput_run(
         )
         for n in range(2)
     ]
-    workers_holder.append(workers)  # stopped by the caller, or at the end on an error
+    workers_holder.append(workers)  # stopped at the end
     for worker in workers:
         worker.start()
-    urls = await api_urls(workers)
-    async with ClientSession(timeout=ClientTimeout(total=30)) as http:
-        owners = await routing(http, urls)
-        stop = asyncio.Event()
-        clients = (
-            [
-                asyncio.create_task(lookup_load(http, urls, owners, users, stop))
-                for _ in range(CLIENTS)
-            ]
-            if lookups
-            else []
-        )
-        t0, a0 = time.monotonic(), await applied(http, urls)
-        t1, a1 = t0, a0
-        while time.monotonic() - t0 < WINDOW_S and a1 < total:
-            await asyncio.sleep(1.0)
-            t1, a1 = time.monotonic(), await applied(http, urls)
-        stop.set()
-        done = sum(await asyncio.gather(*clients))
-        rate = (a1 - a0) / (t1 - t0)
-        row = {"rate": rate, "lookups_per_s": done / (t1 - t0), "from": a0, "to": a1}
-        say(f"throughput {'with' if lookups else 'without'} lookups: {row}")
-        return row | {"workers": urls, "owners": owners}
+    return workers
+
+
+async def window(
+    http: ClientSession,
+    urls: list[str],
+    owners: dict[int, str],
+    users: list[str],
+    *,
+    lookups: bool,
+    total: int,
+) -> dict[str, Any]:
+    """One WINDOW_S window of draining, with or without the lookup clients."""
+    stop = asyncio.Event()
+    clients = [
+        asyncio.create_task(lookup_load(http, urls, owners, users, stop))
+        for _ in range(CLIENTS if lookups else 0)
+    ]
+    t0, a0 = time.monotonic(), await applied(http, urls)
+    t1, a1 = t0, a0
+    while time.monotonic() - t0 < WINDOW_S and a1 < total:
+        await asyncio.sleep(0.5)
+        t1, a1 = time.monotonic(), await applied(http, urls)
+    stop.set()
+    done = sum(await asyncio.gather(*clients))
+    row = {
+        "lookups": lookups,
+        "events": a1 - a0,
+        "seconds": t1 - t0,
+        "rate": (a1 - a0) / (t1 - t0),
+        "lookups_per_s": done / (t1 - t0),
+        "drained": a1 >= total,
+    }
+    say(f"window {'with' if lookups else 'without'} lookups: {row}")
+    return row
 
 
 workers_holder: list[list[Worker]] = []
@@ -232,7 +244,7 @@ async def main_async(args: argparse.Namespace) -> int:
         bootstrap = broker.bootstrap
     try:
         config = load_config(CONFIG)
-        prefix = f"lookupbench-{uuid.uuid4().hex[:6]}"
+        topics_prefix = prefix = f"lookupbench-{uuid.uuid4().hex[:6]}"
         topics = product_topics(
             {"ORACULAR_TOPIC_PREFIX": prefix, "ORACULAR_PARTITIONS": str(PARTITIONS)}
         )
@@ -241,16 +253,21 @@ async def main_async(args: argparse.Namespace) -> int:
         users = sorted({e.user for e in events})
         say(f"preloading {len(events):,} events of {len(users):,} users")
         await preload(bootstrap, topics.events.name, events)
-        rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
-        for n in range(args.runs * 2):
-            lookups = n % 2 == 1
-            row = await throughput_run(bootstrap, prefix, len(events), users, base, lookups=lookups)
-            rows["with" if lookups else "without"].append(row)
-            if n < args.runs * 2 - 1:
-                for worker in workers_holder.pop():
-                    worker.stop()
-        last = rows["with"][-1]
-        urls, owners = last["workers"], last["owners"]
+        workers = await start_workers(bootstrap, topics_prefix, base)
+        urls = await api_urls(workers)
+        async with ClientSession(timeout=ClientTimeout(total=30)) as http:
+            owners = await routing(http, urls)
+            rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+            # A B B A A B B A ...: a drifting background load weighs on both alike.
+            for n in range(args.runs * 2):
+                lookups = (n % 4) in (1, 2)
+                row = await window(http, urls, owners, users, lookups=lookups, total=len(events))
+                if row["drained"]:
+                    break
+                rows["with" if lookups else "without"].append(row)
+            deadline = time.monotonic() + 900
+            while await applied(http, urls) < len(events) and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)  # the latency phase starts with the backlog drained
         say(f"latency with live load {LIVE_RATE:.0f} events/s")
         out = base / "loadgen.msgpack"
         loadgen = subprocess.Popen(
@@ -286,8 +303,6 @@ async def main_async(args: argparse.Namespace) -> int:
         finally:
             loadgen.terminate()
             loadgen.wait()
-        for worker in workers_holder.pop():
-            worker.stop()
     finally:
         for workers in workers_holder:
             for worker in workers:
@@ -305,9 +320,14 @@ def report(
     live: float,
 ) -> None:
     """Print the markdown tables for BENCHMARKS.md."""
-    without = statistics.median(r["rate"] for r in rows["without"])
-    with_ = statistics.median(r["rate"] for r in rows["with"])
-    lookup_rate = statistics.median(r["lookups_per_s"] for r in rows["with"])
+
+    def pooled(mode: str) -> float:
+        return sum(r["events"] for r in rows[mode]) / sum(r["seconds"] for r in rows[mode])
+
+    without, with_ = pooled("without"), pooled("with")
+    lookup_rate = sum(r["lookups_per_s"] * r["seconds"] for r in rows["with"]) / sum(
+        r["seconds"] for r in rows["with"]
+    )
     runs_without = ", ".join(f"{r['rate']:,.0f}" for r in rows["without"])
     runs_with = ", ".join(f"{r['rate']:,.0f}" for r in rows["with"])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -324,7 +344,10 @@ def report(
     for label, (p50, p99, top), count in table:
         print(f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} |")
     print()
-    print("| processing (2 workers draining a backlog) | events/s per run | median |")
+    print(
+        f"| processing (2 workers draining a backlog, alternating {WINDOW_S:.0f} s windows) "
+        "| events/s per window | pooled |"
+    )
     print("|---|---|---:|")
     print(f"| without lookups | {runs_without} | {without:,.0f} |")
     print(
@@ -339,9 +362,9 @@ def main() -> int:
         prog="python -m bench.lookup", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--broker", help="use this broker instead of starting one")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--users", type=int, default=20_000)
-    parser.add_argument("--runs", type=int, default=2, help="runs each without/with lookups")
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--users", type=int, default=30_000)
+    parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
     return asyncio.run(main_async(parser.parse_args()))
 
 
