@@ -195,7 +195,8 @@ def check_produced(inp: Input, generated: Sequence[Message], withheld: Sequence[
         f"{len(inp.bad)} malformed"
     )
     if withheld:
-        detail += f"; {len(withheld)} withheld on purpose (CHAOS_INJECT=drop)"
+        names = ", ".join(f"{m.label} of {m.event.user}" for m in withheld if m.event)
+        detail += f"; withheld on purpose (CHAOS_INJECT=drop): {names}"
     return Row("input topic = the generated stream", not problems, detail, problems)
 
 
