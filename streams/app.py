@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -37,7 +38,6 @@ from streams.processor import (
     DLQ,
     EPISODES,
     PREDICTIONS,
-    Batch,
     InMessage,
     Processor,
     Table,
@@ -90,24 +90,68 @@ class FaustTable(Table):
             value: bytes | None = self.table.get(key)
             return value
 
-    def set(self, key: bytes, value: bytes, context: Any) -> Any:
-        """Write the local store and the changelog; returns the changelog record's future."""
-        self.store(key, value, context)
-        return self.send(key, value, context)
-
-    def store(self, key: bytes, value: bytes, context: Any) -> None:
-        """Write the local store on the partition of `context` (no changelog record)."""
+    def set(self, key: bytes, value: bytes, context: Any) -> None:
+        """Write the local store on the partition of `context` (no changelog record: the
+        worker sends a batch's records together with `send_changelog`)."""
         with on_partition_of(context):
             self.table.data[key] = value
 
-    def send(self, key: bytes, value: bytes, context: Any) -> Any:
-        """Send the changelog record of a value just stored; returns its future.
+    async def send_changelog(self, producer: Any, writes: list[tuple[bytes, bytes, Any]]) -> None:
+        """Send the changelog records of values just stored and wait for the broker.
 
-        Together with `store`, what `table[key] = value` does through the table's public
-        `data` and `send_changelog`, minus discarding the future: the worker waits for the
-        broker to have every record before it acknowledges the inputs.
+        The records go straight to the producer (Faust's per-record `send_soon` path and its
+        per-record callback cost more than the rest of a batch), then each partition's last
+        changelog offset is stored once, as Faust's callback would store it per record: a
+        restart with the datadir kept reads the changelog from there. Raises what a failed
+        delivery raises.
         """
-        return self.table.send_changelog(context.message.partition, key, value)
+        topic = self.table.changelog_topic.get_topic_name()
+        futures = [
+            await producer.send(topic, key, value, context.message.partition, None, None)
+            for key, value, context in writes
+        ]
+        await producer.flush()
+        last: dict[int, int] = {}
+        for metadata in await asyncio.gather(*futures):
+            last[metadata.partition] = max(last.get(metadata.partition, -1), metadata.offset)
+        for partition, offset in last.items():
+            self.table.data.set_persisted_offset(TP(topic, partition), offset)
+
+
+class GcPolicy:
+    """Keeps Python's cyclic collector off the long-lived states.
+
+    The cache of decoded states and the deadline index are large and long-lived; left in the
+    collector's generations, every full collection walks them (tens of ms of p99 latency,
+    BENCHMARKS.md). So young objects are collected and the survivors frozen (`gc.freeze`)
+    every `FREEZE_S`; frozen objects are still freed by reference counting when a state is
+    evicted. Once an hour everything is unfrozen and fully collected, so cyclic garbage that
+    happened to be frozen while still in use is reclaimed: one full collection an hour.
+    """
+
+    FREEZE_S: Final = 30.0
+    THAW_S: Final = 3600.0
+
+    def __init__(self) -> None:
+        """Start counting from now."""
+        self.frozen_at = self.thawed_at = time.monotonic()
+
+    def freeze(self) -> None:
+        """Collect the young generations and freeze what survives."""
+        gc.collect(1)
+        gc.freeze()
+        self.frozen_at = time.monotonic()
+
+    def tick(self) -> None:
+        """Freeze, or thaw and collect everything, when it is time."""
+        now = time.monotonic()
+        if now - self.thawed_at >= self.THAW_S:
+            gc.unfreeze()
+            gc.collect()
+            self.thawed_at = now
+            self.freeze()
+        elif now - self.frozen_at >= self.FREEZE_S:
+            self.freeze()
 
 
 class KillSwitch:
@@ -225,6 +269,7 @@ def create_app(
         ),
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
         stop_offsets=None if backfill is None else backfill.stop,
+        cache_users=settings.state_cache_users,
     )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
@@ -286,11 +331,12 @@ class _Runtime:
         self.started = time.monotonic()
         self._last_summary = (self.started, 0)
         self.faults = KillSwitch.from_env()
+        self.memory = GcPolicy()
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
         all of them, since every message is applied, skipped as a duplicate or dead-lettered."""
-        batch = Batch(self.table, self.processor.config)
+        batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
@@ -307,13 +353,12 @@ class _Runtime:
         self.faults.reached("outputs")
         writes = list(batch.writes())
         for key, value, context in writes:
-            self.table.store(key, value, context)
+            self.table.set(key, value, context)
         self.faults.reached("stored")
-        changelog = [self.table.send(key, value, context) for key, value, context in writes]
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
-            await asyncio.gather(*changelog)
+            await self.table.send_changelog(producer, writes)
         except Exception as exc:
             log.critical(
                 "a state's changelog record was not delivered (%s: %s): stopping the worker. "
@@ -325,6 +370,7 @@ class _Runtime:
             await self.app.crash(exc)
             raise
         self.faults.reached("changelog")
+        self.processor.remember(batch)
         if self.backfill is not None:
             self._backfill_progress(messages)
         return events
@@ -393,6 +439,7 @@ class _Runtime:
     async def send_ticks(self, ticks: Any) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""
         app = self.app
+        self.memory.tick()
         if app.rebalancing or getattr(app, "in_recovery", False):
             return
         now = _wall_ms()
@@ -411,6 +458,7 @@ class _Runtime:
             "deadline index rebuilt: %s users with an open episode",
             self.processor.open_episodes(),
         )
+        self.memory.freeze()
 
     def log_summary(self) -> None:
         now = time.monotonic()

@@ -173,6 +173,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     from streams.app import create_app
 
+    use_fast_event_loop()
     app = create_app(settings, config)
     worker = faust.Worker(app, loglevel=args.loglevel)
     worker.execute_from_commandline()
@@ -209,6 +210,7 @@ def run_backfill(args: argparse.Namespace) -> int:
         done=lambda: os.kill(os.getpid(), signal.SIGTERM),  # the worker's graceful shutdown
         progress=progress,
     )
+    use_fast_event_loop()
     app = create_app(settings, config, backfill=plan)
     with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
         faust.Worker(app, loglevel=args.loglevel).execute_from_commandline()
@@ -434,3 +436,14 @@ def run_query(args: argparse.Namespace) -> int:
     else:
         render(body, sys.stdout)
     return 0
+
+
+def use_fast_event_loop() -> None:
+    """Run the worker on uvloop when it is installed (a dependency except on Windows)."""
+    import asyncio
+
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

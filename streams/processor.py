@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -154,6 +154,52 @@ class _Slot:
     dirty: bool = False
 
 
+class StateCache:
+    """Decoded users kept between batches, the most recently used `limit` of them.
+
+    Write-through: a batch's users go in only once the batch's states are stored and their
+    changelog records acknowledged (`Processor.remember`), so the cache never holds a state
+    the table does not. Entries of partitions this worker no longer owns are dropped, and
+    the whole cache after a recovery, since the table may have changed underneath.
+    """
+
+    def __init__(self, limit: int) -> None:
+        """Keep at most `limit` users (0: none)."""
+        self.limit = limit
+        self.users: OrderedDict[bytes, StoredUser] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: bytes) -> StoredUser | None:
+        """The cached user, now the most recently used, or None."""
+        user = self.users.get(key)
+        if user is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.users.move_to_end(key)
+        return user
+
+    def put(self, key: bytes, user: StoredUser) -> None:
+        """Cache `user` (evicting the least recently used beyond the limit)."""
+        if self.limit <= 0:
+            return
+        users = self.users
+        users[key] = user
+        users.move_to_end(key)
+        while len(users) > self.limit:
+            users.popitem(last=False)
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Forget the users of `partitions`."""
+        gone = set(partitions)
+        for key in [k for k, u in self.users.items() if u.partition in gone]:
+            del self.users[key]
+
+    def clear(self) -> None:
+        """Forget everyone."""
+        self.users.clear()
+
+
 @dataclass
 class Batch:
     """One batch's reads, writes and outputs: each user read once and written once."""
@@ -162,21 +208,24 @@ class Batch:
     config: EngineConfig
     slots: dict[bytes, _Slot] = field(default_factory=dict)
     outputs: list[Output] = field(default_factory=list)
+    cache: StateCache | None = None
 
     def slot(self, key: bytes, message: InMessage) -> _Slot:
-        """The user's state for this batch, read from the table the first time.
+        """The user's state for this batch, from the cache or read from the table.
 
         Raises:
             StateFormatError: the stored value cannot be read (it is left as it is).
         """
         slot = self.slots.get(key)
         if slot is None:
-            raw = self.table.get(key, message.context)
-            user = (
-                StoredUser(create_state(self.config), message.partition, -1)
-                if raw is None
-                else decode_stored(raw, self.config)
-            )
+            user = None if self.cache is None else self.cache.get(key)
+            if user is None:
+                raw = self.table.get(key, message.context)
+                user = (
+                    StoredUser(create_state(self.config), message.partition, -1)
+                    if raw is None
+                    else decode_stored(raw, self.config)
+                )
             slot = self.slots[key] = _Slot(user, message.context)
         return slot
 
@@ -199,6 +248,7 @@ class Processor:
         time: TimePolicy | None = None,
         output_format: Format = "msgpack",
         stop_offsets: Mapping[int, int] | None = None,
+        cache_users: int = 0,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown."""
         self.config = config
@@ -220,9 +270,22 @@ class Processor:
         outnumber live ones, so it holds at most about two entries per open episode."""
         self.rewrite: dict[int, list[bytes]] = {}
         """Partition -> users to write again on its next batch (see `rebuild`)."""
+        self.cache = StateCache(cache_users)
+        """Decoded users between batches (see `batch` and `remember`)."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
+
+    def batch(self, table: Table) -> Batch:
+        """A new batch over `table` that reads through the cache."""
+        return Batch(table, self.config, cache=self.cache if self.cache.limit > 0 else None)
+
+    def remember(self, batch: Batch) -> None:
+        """Cache the batch's users: call once its states are stored and acknowledged."""
+        cache = self.cache
+        if cache.limit > 0:
+            for key, slot in batch.slots.items():
+                cache.put(key, slot.user)
 
     def handled(self) -> int:
         """Input messages handled so far (applied, duplicates, dead-lettered or ignored)."""
@@ -536,6 +599,7 @@ class Processor:
         without their changelog record: the next batch of their partition writes them again.
         """
         self.open, self.deadlines, self.rewrite = {}, {}, {}
+        self.cache.clear()
         timeout = self.config.episode_timeout_ms
         for key, raw in items:
             try:
@@ -578,7 +642,8 @@ class Processor:
         self._clock(partition).last_input_wall = wall_ms
 
     def forget(self, partitions: Iterable[int]) -> None:
-        """Drop the time and index of partitions this worker no longer owns."""
+        """Drop the time, index and cached users of partitions this worker no longer owns."""
+        partitions = list(partitions)
         for partition in partitions:
             self.clocks.pop(partition, None)
             self.next_offset.pop(partition, None)
@@ -586,6 +651,7 @@ class Processor:
             self.deadlines.pop(partition, None)
             self.rewrite.pop(partition, None)
             self._gap_logged.pop(partition, None)
+        self.cache.drop(partitions)
 
     def _clock(self, partition: int) -> PartitionClock:
         clock = self.clocks.get(partition)

@@ -57,6 +57,9 @@ class Settings:
     max_skew_ms: int = 60_000
     """ORACULAR_MAX_SKEW_MS: how far an event time may run ahead of its record's timestamp
     and moves the watermark (docs/time.md)."""
+    state_cache_users: int = 50_000
+    """ORACULAR_STATE_CACHE_USERS: decoded user states kept between batches (most recently
+    used); each costs a few KiB of memory and saves a read and a decode (BENCHMARKS.md)."""
     batch_max: int = 500
     """ORACULAR_BATCH_MAX: most messages applied per batch (one state read/write per user)."""
     batch_window_s: float = 0.01
@@ -164,6 +167,7 @@ _ENV: Final = {
     "lateness_ms": ("ORACULAR_LATENESS_MS", int),
     "idle_ms": ("ORACULAR_IDLE_MS", int),
     "max_skew_ms": ("ORACULAR_MAX_SKEW_MS", int),
+    "state_cache_users": ("ORACULAR_STATE_CACHE_USERS", int),
     "batch_max": ("ORACULAR_BATCH_MAX", int),
     "batch_window_s": ("ORACULAR_BATCH_WINDOW_S", float),
     "output_format": ("ORACULAR_OUTPUT_FORMAT", str),
@@ -239,7 +243,7 @@ def _check(settings: Settings) -> None:
     for name in positive:
         if getattr(settings, name) <= 0:
             problems.append(f"{ENV_VARS[name]}: must be > 0 (got {getattr(settings, name)})")
-    for name in ("lateness_ms", "idle_ms", "max_skew_ms"):
+    for name in ("lateness_ms", "idle_ms", "max_skew_ms", "state_cache_users"):
         if getattr(settings, name) < 0:
             problems.append(f"{ENV_VARS[name]}: must be >= 0 (got {getattr(settings, name)})")
     if settings.standby_replicas < 0:
