@@ -136,6 +136,20 @@ def stored_index(raw: bytes) -> StoredIndex:
     return StoredIndex(value[1], value[3], value[7], value[9])
 
 
+def stored_version(raw: bytes) -> tuple[int, int] | None:
+    """The order of a user's writes: (last applied offset, episodes closed); None if unreadable.
+
+    Every write that changes a user raises it (an applied input raises the offset, a timer
+    close the episode count; rewrites repeat it), so of two values of one user the one with
+    the lower version is the older, whichever arrived last in the changelog.
+    """
+    try:
+        value = _header(raw)
+    except StateFormatError:
+        return None
+    return value[2], (value[6] if value[0] >= 2 else 0)
+
+
 def _v1_episode(record: Any) -> tuple[int | None, int | None]:
     """(open episode's last event time, clock) of a version-1 value's state record.
 

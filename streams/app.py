@@ -33,6 +33,7 @@ from faust.types import TP
 
 from engine import EngineConfig
 from schemas.config import load_config
+from schemas.stored import stored_version
 from streams import faust_patches  # applied on import: every worker runs patched
 from streams.processor import (
     DLQ,
@@ -116,6 +117,58 @@ class FaustTable(Table):
             last[metadata.partition] = max(last.get(metadata.partition, -1), metadata.offset)
         for partition, offset in last.items():
             self.table.data.set_persisted_offset(TP(topic, partition), offset)
+
+
+def fence_stale_changelog_records(table: Any) -> None:
+    """Make restores and standbys skip changelog records older than the value they hold.
+
+    A worker frozen past its session timeout (a long GC pause, a stopped VM) comes back as a
+    zombie: before it learns that its partitions moved, it may finish the batch in hand and
+    write states to the changelog *after* the new owner wrote newer ones. Kafka cannot fence
+    it without transactions, so the records are ordered by the user's own write version
+    (`schemas.stored.stored_version`: last applied offset, then episodes closed): a record
+    older than the value already stored (or already seen in the batch) is skipped. The new
+    owner's local store never reads the changelog, so only restores and standbys need this.
+    The partitions' persisted offsets still advance past skipped records.
+    """
+    apply = table.apply_changelog_batch
+
+    def apply_newer(batch: Any) -> None:
+        kept: list[Any] = []
+        newest: dict[tuple[int, bytes], tuple[int, int] | None] = {}
+        last: dict[Any, int] = {}
+        skipped = 0
+        for event in batch:
+            message = event.message
+            last[message.tp] = max(last.get(message.tp, -1), message.offset)
+            where = (message.partition, message.key)
+            if message.value is None:
+                newest[where] = None
+                kept.append(event)
+                continue
+            version = stored_version(message.value)
+            if where in newest:
+                current = newest[where]
+            else:
+                with on_partition_of(event):
+                    raw = table.data.get(message.key)
+                current = None if raw is None else stored_version(raw)
+            if version is not None and current is not None and version < current:
+                skipped += 1
+                continue
+            newest[where] = version
+            kept.append(event)
+        apply(kept)
+        for tp, offset in last.items():
+            table.data.set_persisted_offset(tp, offset)
+        if skipped:
+            log.warning(
+                "changelog: skipped %s record(s) older than the state already held "
+                "(written late by a worker that had lost its partitions)",
+                skipped,
+            )
+
+    table.apply_changelog_batch = apply_newer
 
 
 class GcPolicy:
@@ -257,6 +310,7 @@ def create_app(
         partitions=partitions,
         options=dict(ROCKSDB_OPTIONS),
     )
+    fence_stale_changelog_records(table)
     processor = Processor(
         config,
         events_topic=topics.events.name,

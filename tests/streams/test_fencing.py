@@ -1,0 +1,82 @@
+"""Restores and standbys skip changelog records older than the value they hold (zombies)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import EngineConfig, create_state
+from schemas.stored import StoredUser, encode_stored, stored_version
+from streams.app import fence_stale_changelog_records
+
+CONFIG = EngineConfig.from_dict({"intents": {"upgrade": {"signals": {"pricing.viewed": 1}}}})
+
+
+@dataclass(frozen=True)
+class Message:
+    tp: tuple[str, int]
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class Event:
+    message: Message
+
+
+class Store(dict):
+    def __init__(self) -> None:
+        super().__init__()
+        self.persisted: dict[Any, int] = {}
+
+    def set_persisted_offset(self, tp: Any, offset: int) -> None:
+        self.persisted[tp] = offset
+
+
+class Table:
+    """What `fence_stale_changelog_records` uses of a Faust table."""
+
+    def __init__(self) -> None:
+        self.data = Store()
+        self.applied: list[int] = []
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        for event in batch:
+            self.applied.append(event.message.offset)
+            self.data[event.message.key] = event.message.value
+            self.data.set_persisted_offset(event.message.tp, event.message.offset)
+
+
+def value(last_offset: int, episodes: int) -> bytes:
+    user = StoredUser(create_state(CONFIG), 0, last_offset, last_offset + 1, episodes)
+    return encode_stored(user)
+
+
+def events(*values: bytes | None) -> list[Event]:
+    return [Event(Message(("cl", 0), 0, n, b"u", v)) for n, v in enumerate(values)]
+
+
+def test_versions_order_inputs_then_timer_closes():
+    assert stored_version(value(5, 0)) < stored_version(value(5, 1)) < stored_version(value(6, 0))
+    assert stored_version(b"garbage") is None
+
+
+def test_a_late_older_record_is_skipped_within_a_batch_and_against_the_store():
+    table = Table()
+    fence_stale_changelog_records(table)
+    newer, older = value(9, 2), value(7, 1)
+    table.apply_changelog_batch(events(older, newer, older))  # the zombie's write came last
+    assert table.applied == [0, 1] and table.data[b"u"] == newer
+    assert table.data.persisted[("cl", 0)] == 2  # the offset still moves past the skipped one
+    table.apply_changelog_batch(events(older))  # a later batch: compared with the store
+    assert table.data[b"u"] == newer
+
+
+def test_equal_versions_and_deletes_apply():
+    table = Table()
+    fence_stale_changelog_records(table)
+    same = value(3, 0)
+    table.apply_changelog_batch(events(same, same, None, value(1, 0)))
+    assert table.applied == [0, 1, 2, 3] and table.data[b"u"] == value(1, 0)
