@@ -52,6 +52,14 @@ def _add_worker(commands: Any) -> None:
         action="store_true",
         help="fail instead of creating missing product topics",
     )
+    worker.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N worker processes of this app id (one core each; datadir DATADIR/p<i>, "
+        "ports +i; at most the partition count is useful)",
+    )
     worker.set_defaults(run=run_worker)
 
 
@@ -169,6 +177,22 @@ def run_worker(args: argparse.Namespace) -> int:
     except BrokerError as exc:
         print(f"oracular worker: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    if args.processes < 1:
+        print("oracular worker: --processes must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.processes > 1:
+        from streams.processes import child_environments, main_env, run_processes
+
+        partitions = settings.topics.events.partitions
+        if args.processes > partitions:
+            print(
+                f"oracular worker: {args.processes} processes for {partitions} partitions: "
+                f"{args.processes - partitions} would stay idle (raise ORACULAR_PARTITIONS "
+                "on new topics, or add partitions to the topics, to use more)",
+                file=sys.stderr,
+            )
+        environments = child_environments(args.processes, main_env(), settings.state_dir)
+        return run_processes(["--loglevel", args.loglevel, "--no-create-topics"], environments)
     import faust
 
     from streams.app import create_app

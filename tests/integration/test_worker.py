@@ -397,3 +397,29 @@ async def test_a_second_worker_joining_mid_stream_changes_nothing(
     assert second.stop() == 0
     assert first.stop() == 0
     assert last_summary(second.log_text())["applied"] > 0, "the second worker took partitions"
+
+
+async def test_processes_flag_runs_workers_of_one_app_id_that_share_the_partitions(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    """`oracular worker --processes 2`: two children, own datadirs, outputs as replayed."""
+    dep = deployment(kafka, request.node.name)
+    events, until = closed_by_a_later_day(
+        generate_stream(dep.config, events=2_000, users=100, seed=15)
+    )
+    expected = expected_outputs(dep.config, events, until=until)
+    await dep.create_topics()
+    worker = faust_worker(
+        "streams.app",
+        app_id=dep.app_id,
+        env=dep.env(ORACULAR_TICK_INTERVAL_S=FAST_TICK_S),
+        argv=[*dep.argv(), "--processes", "2"],
+    )
+    worker.start()
+    await wait_group_stable(dep, members=2)
+    await produce_events(kafka, dep.topics.events.name, events)
+    await assert_equals_replay(dep, expected)
+    assert worker.stop() == 0
+    children = sorted(p.name for p in worker.datadir.iterdir() if p.name.startswith("p"))
+    assert children == ["p0", "p1"], children
+    assert "2 processes" in worker.log_text()
