@@ -382,8 +382,23 @@ def all_problems(rows: Sequence[Row]) -> str:
     return "\n".join(parts)
 
 
-def dump(workdir: Path, outputs: Iterable[Record], stored: dict[str, Any]) -> None:
-    """Keep what a post-mortem needs: every output record and every user's stored header."""
+def dump(
+    workdir: Path,
+    outputs: Iterable[Record],
+    stored: dict[str, Any],
+    changelog: Iterable[Record],
+    config: EngineConfig,
+) -> None:
+    """Keep what a post-mortem needs: every output record, every changelog record's header
+    (where, when, whose, which input offset and count), every user's last stored header."""
+    with (workdir / "changelog.jsonl").open("w") as handle:
+        for r in changelog:
+            s = decode_stored(r.value, config) if r.value is not None else None
+            line = {"partition": r.partition, "offset": r.offset, "timestamp": r.timestamp}
+            line["user"] = (r.key or b"").decode(errors="replace")
+            line["last_offset"] = getattr(s, "last_offset", None)
+            line["inputs"] = getattr(s, "inputs", None)
+            handle.write(json.dumps(line) + "\n")
     with (workdir / "outputs.jsonl").open("w") as handle:
         for r in outputs:
             where = {"partition": r.partition, "offset": r.offset, "timestamp": r.timestamp}

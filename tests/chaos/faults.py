@@ -156,6 +156,12 @@ class Chaos:
     restarted: bool = False
     thaws: list[asyncio.Task[None]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    first_kinds: list[str] = field(default_factory=list)
+    """Fault kinds still to inject once before the choice is free (so every run has each)."""
+
+    def __post_init__(self) -> None:
+        self.first_kinds = ["sigterm", "sigkill", "freeze"]
+        self.rng.shuffle(self.first_kinds)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Inject faults until `stop` is set; at least one worker is kept running."""
@@ -199,6 +205,8 @@ class Chaos:
         if not choices:
             return
         kind = rng.choice(choices)
+        if kind != "start" and self.first_kinds:  # every kind early, each run
+            kind = self.first_kinds.pop()
         self._count(kind)
         if kind == "start":
             await fleet.start(rng.choice(stopped))

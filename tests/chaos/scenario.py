@@ -300,7 +300,7 @@ class Run:
                 if settled or not await checks.poll(1.0, deadline):
                     fleet.note("settled" if settled else "time budget spent")
                     if not settled:
-                        checks.dump(self.workdir, out_records, stored)
+                        checks.dump(self.workdir, out_records, stored, log, config)
                     return rows
 
 
