@@ -22,6 +22,8 @@ from typing import Any, Final, Literal
 from aiokafka.partitioner import murmur2
 
 from engine import EngineConfig, EngineState, create_state, explain, predict
+from engine.episodes import clamp_time
+from engine.predict import as_of
 from schemas.stored import decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
@@ -312,9 +314,13 @@ def answer(
     """The JSON answer for one user: predictions at `at`, where they came from."""
     state = read.state
     names = list(state.config.intents) if intents is None else list(intents)
+    # The state as of `at` once (idle episode closed, windows settled), not once per intent;
+    # reads of it give what reads of `state` give. Time never runs backwards in a state.
+    at = clamp_time(state, at)
+    view = as_of(state, at)
     out: dict[str, Any] = {}
     for name in names:
-        prediction = predict(state, name, at)
+        prediction = predict(view, name, at)
         item: dict[str, Any] = {
             "p": prediction.p,
             "lower": prediction.lower,
@@ -322,7 +328,7 @@ def answer(
             "suppressed_until": prediction.suppressed_until,
         }
         if with_explain:
-            item["explain"] = explanation(state, name, at)
+            item["explain"] = explanation(view, name, at)
         out[name] = item
     return {
         "user": user,

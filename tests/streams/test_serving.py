@@ -549,3 +549,58 @@ async def test_an_unreadable_stored_state_is_a_500_for_that_user_only(pair, http
         results = (await response.json())["results"]
     assert [r["status"] for r in results] == ["error", "unknown"]
     assert "cannot be read" in results[0]["error"]
+
+
+def test_answer_equals_predict_and_explain_on_the_stored_state(config) -> None:
+    """`answer` reads the state as of `at` once for all intents: the same numbers as
+    engine.predict and engine.explain on the stored state, at times before, at and long
+    after the user's last event (idle episodes closed, attribution windows settled)."""
+    from bench.synthetic import clickstream
+    from streams.serving import UserRead, answer
+
+    events = clickstream(config, 6000, 60, seed=4)
+    replayer = Replayer(config)
+    rng = random.Random(1)
+    for n, event in enumerate(events):
+        replayer.feed(event)
+        if n % 29:
+            continue
+        state = replayer.states[event.user]
+        for at in (event.at - 5000, event.at, event.at + rng.randrange(40 * 24 * 3600 * 1000)):
+            body = answer(
+                UserRead(state, True, 0, 1),
+                event.user,
+                intents=None,
+                at=at,
+                with_explain=True,
+                served_by={},
+                config_id="x",
+            )
+            assert body["at"] == max(at, state.clock)
+            for intent in config.intents:
+                want, why = predict(state, intent, at), explain(state, intent, at)
+                got = body["intents"][intent]
+                assert [got["p"], got["lower"], got["reveal"], got["suppressed_until"]] == [
+                    want.p,
+                    want.lower,
+                    want.reveal,
+                    want.suppressed_until,
+                ]
+                assert got["explain"]["p"] == why.p
+                assert got["explain"]["episodes"] == {
+                    "hits": why.episodes.hits,
+                    "misses": why.episodes.misses,
+                }
+                for name, signal in why.signals.items():
+                    shown = got["explain"]["signals"][name]
+                    assert [shown[k] for k in ("learned", "effective", "contribution")] == [
+                        signal.learned,
+                        signal.effective,
+                        signal.contribution,
+                    ]
+                    assert [shown[k] for k in ("hits", "misses", "seen", "impact")] == [
+                        signal.hits,
+                        signal.misses,
+                        signal.seen,
+                        signal.impact,
+                    ]
