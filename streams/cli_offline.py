@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -170,6 +171,7 @@ def run_replay(args: argparse.Namespace) -> int:
     total = None if args.events == "-" else source.stat().st_size
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
     config_run = OfflineRun(config, str(source))
+    started = time.monotonic()
     progress = Progress("replay", total, enabled=not args.quiet)
     try:
         for line in read_lines(handle, file_format(source, args.format), columns(args)):
@@ -190,7 +192,13 @@ def run_replay(args: argparse.Namespace) -> int:
         counts = config_run.counts
         shown = ("applied", "late", "ignored", "dead_lettered", "predictions", "episodes")
         summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
-        print(f"replay: {summary}, users {len(config_run.table.values):,}", file=sys.stderr)
+        elapsed = time.monotonic() - started
+        rate = config_run.processor.handled() / max(elapsed, 1e-9)
+        print(
+            f"replay: {summary}, users {len(config_run.table.values):,} "
+            f"in {elapsed:.1f} s ({rate:,.0f} events/s)",
+            file=sys.stderr,
+        )
     return 0
 
 
