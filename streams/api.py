@@ -275,6 +275,8 @@ class _Handlers:
                 status = "timeout"
             elif exc.status == 503:
                 status = "unavailable"
+            elif exc.status >= 500:
+                status = "error"
             raise
         finally:
             self.api.metrics.lookup(endpoint, status, time.perf_counter() - started)
