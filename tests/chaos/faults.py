@@ -40,7 +40,9 @@ class Fleet:
     failed_steps: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
-        line = f"{time.monotonic() - self.started:7.1f} s  {text}"
+        """Log `text` with the seconds since the run began and the UTC wall time (for logs)."""
+        wall = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+        line = f"{time.monotonic() - self.started:7.1f} s  {wall}  {text}"
         self.events.append(line)
         print(f"[chaos] {line}", flush=True)
 

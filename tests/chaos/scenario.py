@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -157,7 +158,8 @@ async def run(
     print(
         f"\n[chaos] CHAOS_SEED={plan.seed} (replay this run: CHAOS_SEED={plan.seed} "
         f"CHAOS_SECONDS={plan.seconds:.0f} CHAOS_WORKERS={plan.workers} "
-        f"CHAOS_EVENTS={plan.events}); broker {bootstrap}, workdir {workdir}",
+        f"CHAOS_EVENTS={plan.events}); broker {bootstrap}, workdir {workdir}, "
+        f"code {_revision()}",
         flush=True,
     )
     rng = random.Random(plan.seed)
@@ -318,3 +320,33 @@ def _faults(chaos: Chaos, fleet: Fleet) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(chaos.counts.items()))
     extra = f"; failed steps: {fleet.failed_steps}" if fleet.failed_steps else ""
     return counts + extra
+
+
+def _revision() -> str:
+    """The checkout's commit (and "+changes" when the tree differs from it), for the report.
+
+    CHAOS_REVISION names it instead for a copy of the tree that is not a git checkout.
+    """
+    if os.environ.get("CHAOS_REVISION"):
+        return os.environ["CHAOS_REVISION"]
+    git = ["git", "-C", str(CONFIG.parents[2])]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "not a git checkout"
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
