@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -416,5 +417,49 @@ async def test_stale_reads_come_from_the_standby_copy(
             return not wrong, wrong[:5]
 
         await wait_until(standby_answers, timeout_s=ANSWER_TIMEOUT_S, what="standby answers")
+    assert second.stop() == 0
+    assert first.stop() == 0
+
+
+async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The owner of a user's partition stops answering (SIGSTOP): a lookup through the other
+    worker fails with 504 after ORACULAR_API_FORWARD_TIMEOUT_S instead of hanging, and is
+    right again once the owner runs again."""
+    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_FORWARD_TIMEOUT_S": "1"}
+    dep = deployment(kafka, request.node.name, settings=env)
+    events = generate_stream(dep.config, events=600, users=60, seed=34)
+    states = replayed(dep.config, events)
+    at = events[-1].at + 2 * DAY_MS
+    await dep.create_topics()
+    first = worker_for(faust_worker, dep).start()
+    second = relocate(worker_for(faust_worker, dep), tmp_path / "second").start()
+    urls = [api_url(first), api_url(second)]
+    await wait_group_stable(dep, members=2)
+
+    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+        owners = await wait_routing(http, urls)
+        await produce_events(kafka, dep.topics.events.name, events)
+        await wait_committed(dep)
+        user = next(
+            u for u in sorted(states) if owners[str(partition_for(u, PARTITIONS))] == urls[1]
+        )
+        assert second.process is not None
+        second.process.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body, _ = await get_json(http, f"{urls[0]}/v1/users/{user}", token=None)
+            elapsed = time.monotonic() - started
+        finally:
+            second.process.send_signal(signal.SIGCONT)
+        assert status == 504 and urls[1] in body["error"], body
+        assert elapsed < HTTP_TIMEOUT_S / 2, elapsed  # the forward timeout, not the client's
+
+        async def right_again() -> tuple[bool, Any]:
+            status, body, _ = await get_json(http, f"{urls[0]}/v1/users/{user}?at={at}", token=None)
+            return status == 200 and not answer_problems(body, states[user], at), (status, body)
+
+        await wait_until(right_again, timeout_s=ANSWER_TIMEOUT_S, what="the answer after SIGCONT")
     assert second.stop() == 0
     assert first.stop() == 0
