@@ -330,6 +330,7 @@ def check_accounting(
                     problems.append(
                         f"{where}: {m.label} of {user} not applied: no prediction {pid}"
                     )
+                    unaccounted.append((where, m))
             else:
                 evidence["state only"] += 1
     for where, m in sorted(inp.bad.items()):
