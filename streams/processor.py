@@ -434,19 +434,22 @@ class Processor:
         # Nothing below can fail: commit the input to the batch.
         partition = message.partition
         clock = self._clock(partition)
-        moves = self._watermark_time(event.at, message.timestamp_ms, wall_ms)
+        ahead = self._ahead(event.at, message.timestamp_ms, wall_ms)
         self._count_time(event, step.at, user, clock)
-        if moves < event.at:
+        if ahead:
             self.counts["clock_ahead"] += 1
-        if clock.event_time is None or moves > clock.event_time:
-            clock.event_time = moves
+        elif clock.event_time is None or event.at > clock.event_time:
+            clock.event_time = event.at
+        user_clock = user.clock
+        if not ahead and (user_clock is None or event.at > user_clock):
+            user_clock = event.at
         slot.user = StoredUser(
             step.state,
             partition,
             message.offset,
             inputs,
             episodes,
-            moves if user.clock is None else max(user.clock, moves),
+            user_clock,
             user.timer_close if event.type == "revealed" else None,
         )
         slot.context = message.context
@@ -458,15 +461,13 @@ class Processor:
         batch.outputs.extend(outputs)
         self._index(partition, key, slot.user)
 
-    def _watermark_time(self, at: int, record_ms: int | None, wall_ms: int | None) -> int:
-        """How far an event at `at` may move its partition's watermark (docs/time.md)."""
-        limit = at
-        skew = self.time.max_skew_ms
-        if record_ms is not None and record_ms > 0:
-            limit = min(limit, record_ms + skew)
-        if wall_ms is not None:
-            limit = min(limit, wall_ms + skew)
-        return limit
+    def _ahead(self, at: int, record_ms: int | None, wall_ms: int | None) -> bool:
+        """True when `at` runs ahead of its record's timestamp, or of the worker's clock, by
+        more than the allowed skew: a wrong client clock, which never moves a watermark."""
+        limit = self.time.max_skew_ms
+        return (record_ms is not None and record_ms > 0 and at > record_ms + limit) or (
+            wall_ms is not None and at > wall_ms + limit
+        )
 
     def _count_time(self, event: Event, at: int, user: StoredUser, clock: PartitionClock) -> None:
         """Count inputs outside the live = replay contract (docs/time.md)."""
@@ -505,12 +506,13 @@ class Processor:
                 return None
             end = now_ms if newest is None else max(newest, now_ms)
             return end - policy.lateness_ms
-        watermark = None if newest is None else newest - policy.lateness_ms
+        if newest is None:
+            return None  # no event time yet: nothing on the partition can be due
+        watermark = newest - policy.lateness_ms
         quiet_since = clock.last_input_wall
         if caught_up and quiet_since is not None and now_ms - quiet_since >= policy.idle_ms:
-            runs_to = now_ms if newest is None else min(newest + now_ms - quiet_since, now_ms)
-            idle = runs_to - policy.lateness_ms
-            watermark = idle if watermark is None else max(watermark, idle)
+            runs_to = min(newest + now_ms - quiet_since, now_ms)
+            watermark = max(watermark, runs_to - policy.lateness_ms)
         return watermark
 
     def on_tick(self, batch: Batch, message: InMessage, caught_up: bool, wall_ms: int) -> None:

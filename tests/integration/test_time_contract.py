@@ -29,11 +29,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from engine import END_OF_TIME, EngineConfig, EngineState, Event
+from engine import END_OF_TIME, EngineConfig, Event
 from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output, episode_id
-from schemas.stored import decode_stored
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker, Record
@@ -291,55 +290,29 @@ async def test_a_clock_years_off_affects_only_what_the_contract_says(
 ) -> None:
     """A history at 1,000/s with one user's event dated years ahead and one years behind.
 
-    The far-ahead event moves its partition's watermark only to its record's timestamp plus
-    max_skew (counted `clock_ahead`) and is applied for its user at its own time, as the
-    replay applies it. Where records are stamped as they were produced in the stream's own
-    time ("stamped-by-stream", as `oracular produce` stamps them) that is within the lateness
-    of its neighbours, so nobody at all differs from the replay: not the far-ahead user (its
-    episode's deadline is years away, so neither run closes it), not the far-behind one (its
-    episode is long due, so the timer closes it at the deadline the replay's end closes it at).
-
-    With the far-ahead record stamped with today's wall clock in a history months old
-    ("stamped-now"), record timestamp + max_skew is months past the stream: the contract then
-    moves that partition's watermark to today − (lateness − max_skew). Every later input of that
-    partition arrives behind it, and its users diverge exactly where `closed_early` says: users
-    of the other partitions, and users without a `closed_early` input, equal the replay.
+    The far-ahead event runs more than max_skew ahead of its record's timestamp: it never moves
+    its partition's watermark (counted `clock_ahead`) and is applied for its user at its own
+    time, as the replay applies it. That holds whether records are stamped in the stream's own
+    time ("stamped-by-stream", as `oracular produce` stamps them) or with today's wall clock
+    while the history is months old ("stamped-now", an upstream catching up): nobody at all
+    differs from the replay. Not the far-ahead user (its episode's deadline is years away, so
+    neither run closes it), not the far-behind one (its episode is long due, so the timer
+    closes it at the deadline the replay's end closes it at), nor anyone else.
     """
     dep = deployment(kafka, request.node.name)
     config = dep.config
     events = historical_stream(config, events=2_000, seed=22)
     now = int(time.time() * 1000)
-    ahead_partition = 1
-    ahead_user = user_on(ahead_partition, "clock-ahead")
+    ahead_user = user_on(1, "clock-ahead")
     ahead = Event(ahead_user, now + 3 * YEAR_MS, "pricing.viewed", id="far-ahead")
     behind_user = user_on(2, "clock-behind")
     behind = Event(behind_user, events[0].at - 3 * YEAR_MS, "pricing.viewed", id="far-behind")
     stamped_now = stamping == "stamped-now"
-
-    def on_ahead_partition(user: str) -> bool:
-        return partition_of(user.encode()) == ahead_partition
-
-    if stamped_now:
-        # Late enough that every later input of the partition is logged one by one (the
-        # worker logs the first 20 `closed_early` inputs), and with one input certain to be
-        # `closed_early`: its user's episode, open when the watermark jumped, is closed by
-        # the next tick at its deadline, and the input is before that deadline.
-        at = next(
-            i
-            for i in range(len(events) // 2, len(events))
-            if sum(on_ahead_partition(e.user) for e in events[i:]) <= 15
-            and certain_closed_early(config, events, i, on_ahead_partition)
-        )
-    else:
-        at = len(events) // 2
+    at = len(events) // 2
     before, after = events[:at], events[at:]
     middle = len(after) // 3
     stream_time = before[-1].at
     marks = sentinels(events[-1].at + 30 * DAY_MS)
-    if stamped_now:
-        # That partition needs no sentinel (its watermark is months past the stream already),
-        # and one there would itself arrive behind the watermark.
-        marks = [m for m in marks if not on_ahead_partition(m.user)]
     order = [*before, ahead, *after[:middle], behind, *after[middle:], *marks]
     expected = expected_outputs(config, order, until=marks[0].at - DEFAULT_LATENESS_MS)
     # The far-ahead user's episode stays open in the replay too; only the end of time closes it.
@@ -348,109 +321,21 @@ async def test_a_clock_years_off_affects_only_what_the_contract_says(
 
     def stamp(event: Event) -> int | None:
         if stamped_now:
-            return now if event == ahead else None  # None: the producer's clock (now)
+            return None  # the producer's clock: now, months after the stream's own time
         return stream_time if event in (ahead, behind) else event.at
 
     await dep.create_topics()
     worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
     worker.start()
-    topic = dep.topics.events.name
-    await produce_paced(kafka, topic, [timed(e, stamp(e)) for e in [*before, ahead]], rate=1_000)
-    if stamped_now:
-        # Which episodes the jump closes depends on when the next tick comes: wait for it, so
-        # the inputs after the jump all arrive behind the watermark.
-        due = expected_outputs(config, [*before, ahead], until=now - DEFAULT_LATENESS_MS)
-        await collect_outputs(
-            dep, (i for i, m in due.episodes.items() if on_ahead_partition(m["user"]))
-        )
-    rest = [*after[:middle], behind, *after[middle:], *marks]
-    await produce_paced(kafka, topic, [timed(e, stamp(e)) for e in rest], rate=1_000)
-
-    if not stamped_now:
-        await assert_equals_replay(dep, expected)
-        assert worker.stop() == 0
-        counts = last_summary(worker.log_text())
-        assert counts["clock_ahead"] == 1, counts
-        assert counts["behind_watermark"] == 1, counts  # the far-behind event
-        assert counts["closed_early"] == 0, counts
-        return
-
-    await assert_equals_replay(dep, expected, covered=lambda user: not on_ahead_partition(user))
-    # The partition's users: all inputs applied, then every episode but the far-ahead one
-    # closed by the timer (its watermark is past all of them); outputs precede states.
-    await wait_committed(dep)
-    users = {e.user for e in events if on_ahead_partition(e.user)}
-    states = await states_when(
-        dep,
-        lambda got: all(user in got and got[user].episode.started_at is None for user in users),
-        what=f"the episodes of partition {ahead_partition} closed",
+    await produce_paced(
+        kafka, dep.topics.events.name, [timed(e, stamp(e)) for e in order], rate=1_000
     )
-    async with TopicReader(kafka, dep.outputs) as reader:
-        records = await reader.read_to_end()
+    await assert_equals_replay(dep, expected)
     assert worker.stop() == 0
-    log = worker.log_text()
-    counts = last_summary(log)
+    counts = last_summary(worker.log_text())
     assert counts["clock_ahead"] == 1, counts
-    late_inputs = sum(on_ahead_partition(e.user) for e in after)
-    assert counts["behind_watermark"] == late_inputs + 1, counts  # + the far-behind event
-    early = closed_early_users(log)
-    assert counts["closed_early"] == len(early) >= 1, (counts, early)
-    differ = diverging_users(records, states, expected)
-    assert differ == set(early), (
-        f"users differing from the replay {sorted(differ)} are not the users with a "
-        f"closed_early input {sorted(set(early))}"
-    )
-
-
-async def states_when(
-    dep: Deployment,
-    done: Callable[[dict[str, EngineState]], bool],
-    *,
-    what: str,
-    timeout_s: float = CLOSE_TIMEOUT_S,
-) -> dict[str, bytes]:
-    """Poll the changelog until `done(user -> state)`; the serialized states then."""
-    deadline = time.monotonic() + timeout_s
-    async with TopicReader(dep.bootstrap, [dep.changelog]) as reader:
-        while True:
-            last: dict[bytes, bytes] = {}
-            for record in await reader.read_to_end():
-                last[record.key] = record.value
-            states = {k.decode(): decode_stored(v, dep.config).state for k, v in last.items()}
-            if done(states):
-                return changelog_states(reader.records, dep.config)
-            if time.monotonic() > deadline:
-                msg = f"{what}: not seen in the changelog within {timeout_s:.0f} s"
-                raise AssertionError(msg)
-            await asyncio.sleep(POLL_INTERVAL_S)
-
-
-def certain_closed_early(
-    config: EngineConfig, events: Sequence[Event], at: int, on: Callable[[str], bool]
-) -> bool:
-    """Whether some user of the partition `on` selects has, after position `at`, a first
-    input that is before the deadline of the episode it had open at `at` (so a timer close at
-    `at` makes that input `closed_early`)."""
-    timeout = config.episode_timeout_ms
-    assert timeout is not None
-    last: dict[str, Event] = {}
-    for event in events[:at]:
-        if on(event.user):
-            last[event.user] = event
-    seen: set[str] = set()
-    for event in events[at:]:
-        if not on(event.user) or event.user in seen:
-            continue
-        seen.add(event.user)
-        previous = last.get(event.user)
-        if (
-            previous is not None
-            and previous.type == "event"
-            and event.type != "revealed"
-            and event.at <= previous.at + timeout
-        ):
-            return True
-    return False
+    assert counts["behind_watermark"] == 1, counts  # the far-behind event
+    assert counts["closed_early"] == 0, counts
 
 
 # --- (c) disorder within the lateness, two producers --------------------------------------
