@@ -251,30 +251,43 @@ def state_diff(actual: bytes, expected: bytes) -> str:
 
 
 def check_changelog_order(records: Iterable[Record], config: EngineConfig) -> Row:
-    """Per user, the changelog's stored last offset and input count never go backwards.
+    """No user's last changelog record is older than an earlier one of that user.
 
-    A redelivery or a timer close rewrites the same offset; a smaller one after a larger is a
-    stale state written after a newer one (a zombie's write, or a restore from a stale state),
-    and whoever restores that partition next starts from the stale state.
+    A redelivery or a timer close rewrites the same input offset; a smaller offset (or input
+    count) after a larger one is a stale state written after a newer one (a worker that was
+    frozen sending what it had pending). While a newer record follows it, it is harmless
+    (restores skip older records; compaction keeps the last): counted in the detail. As a
+    user's last record it is what compaction keeps and the next owner restores: a failure,
+    even where the final-state row has not caught it (the replay could agree by chance).
     """
-    last: dict[bytes, tuple[int, int, int | None]] = {}
-    problems = []
+    high: dict[bytes, tuple[int, int, int]] = {}  # user -> (offset, last offset, inputs)
+    stale: dict[bytes, str] = {}
+    superseded = 0
     count = 0
     for r in sorted(records, key=lambda r: (r.partition, r.offset)):
         if r.value is None:
             continue
         count += 1
+        key = r.key or b""
         s = decode_stored(r.value, config)
-        now = (r.offset, s.last_offset, getattr(s, "inputs", None))
-        before = last.get(r.key or b"")
-        if before is not None and (now[1] < before[1] or (now[2] or 0) < (before[2] or 0)):
-            problems.append(
-                f"user {(r.key or b'').decode()}: changelog {r.partition}/{r.offset} stores "
-                f"last offset {now[1]} ({now[2]} inputs) after {r.partition}/{before[0]} stored "
-                f"{before[1]} ({before[2]} inputs)"
+        now = (r.offset, s.last_offset, getattr(s, "inputs", None) or 0)
+        best = high.get(key)
+        if best is not None and (now[1] < best[1] or now[2] < best[2]):
+            stale[key] = (
+                f"user {key.decode()}: changelog {r.partition}/{r.offset} stores last offset "
+                f"{now[1]} ({now[2]} inputs) after {r.partition}/{best[0]} stored {best[1]} "
+                f"({best[2]} inputs), and nothing newer follows"
             )
-        last[r.key or b""] = now
-    detail = f"{count} records of {len(last)} users, {len(problems)} going backwards"
+            continue
+        if key in stale:
+            superseded += 1
+            del stale[key]
+        high[key] = now
+    problems = sorted(stale.values())
+    detail = (
+        f"{count} records of {len(high)} users; stale writes: {len(problems)} still last of their "
+        f"user, {superseded} superseded later"
+    )
     return Row("changelog never goes backwards", not problems, detail, problems)
 
 
