@@ -3,8 +3,10 @@
 Two parts, each recorded in its own section between its own markers:
 1. the engine alone (no broker): `--engine-only`;
 2. end to end (bench/e2e.py): the real worker against a local broker the bench starts and
-   stops itself: throughput against a raw aiokafka passthrough, latency at half that load,
-   restore from the changelog, state size and memory. `--e2e-only`.
+   stops itself: throughput against a raw aiokafka passthrough, with two worker processes
+   (`--processes`) and against peers (an idiomatic Faust agent and Quix Streams, bench/peers,
+   `--peers`), latency at half that load, restore from the changelog, state size and memory.
+   `--e2e-only`.
 
 Every figure is the median of several runs; each also gets a baseline measured in the same
 run (a trivial loop, the passthrough, an empty changelog), because these machines are shared
@@ -209,6 +211,8 @@ def _e2e(args: argparse.Namespace, command: str) -> None:
         recovery_users=args.recovery_users,
         recovery_runs=args.recovery_runs,
         phases=tuple(args.phases.split(",")),
+        peers=tuple(peer for peer in args.peers.split(",") if peer and peer != "none"),
+        processes=args.processes,
         keep=args.keep,
         worker_env=dict(item.split("=", 1) for item in args.worker_env),
         worker_root=(args.worker_root or ROOT).resolve(),
@@ -241,7 +245,9 @@ def main() -> int:
     )
     part.add_argument("--e2e-only", action="store_true", help="only the end-to-end benchmarks")
     e2e = parser.add_argument_group("end to end")
-    e2e.add_argument("--e2e-events", type=int, default=200_000, help="preloaded input events")
+    e2e.add_argument(
+        "--e2e-events", type=int, default=100_000, help="preloaded input events (throughput)"
+    )
     e2e.add_argument("--e2e-users", type=int, default=10_000, help="their users")
     e2e.add_argument("--e2e-runs", type=int, default=3, help="throughput runs of each kind")
     e2e.add_argument("--latency-runs", type=int, default=3)
@@ -251,6 +257,20 @@ def main() -> int:
     e2e.add_argument("--recovery-runs", type=int, default=3)
     e2e.add_argument(
         "--phases", default="throughput,latency,recovery", help="comma-separated subset"
+    )
+    e2e.add_argument(
+        "--peers",
+        default="faust,quix",
+        help="peers drained beside the worker in the throughput phase (bench/peers; "
+        "comma-separated subset of faust,quix; 'none' for none; Quix Streams is pip-installed "
+        "on demand)",
+    )
+    e2e.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        metavar="N",
+        help="the throughput phase also runs `oracular worker --processes N` (1: not)",
     )
     e2e.add_argument(
         "--worker-env",

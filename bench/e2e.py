@@ -19,6 +19,12 @@ and ORACULAR_DATADIR (8 partitions, at-least-once, RocksDB, every other setting 
    worker has caught up: the synthetic events are months old, so every open episode is due);
    failing that, when no output arrived for IDLE_S seconds (the run is then flagged). The
    worker's rate up to its last prediction (before the final timer closes) is also kept.
+   In the same alternation, each run also drains the topic with `oracular worker --processes
+   2` (scale-out: one app id, two processes sharing the partitions; same app-id scheme, a new
+   app id per run) and with the peers (bench/peers: an idiomatic Faust agent and Quix Streams,
+   each a per-user counter with RocksDB state and a changelog, one output per event, timed the
+   same way as the passthrough). A process's CPU is sampled from its first output to the last
+   (all its processes: the `--processes` parent and its children).
 2. Latency. A fresh worker on an empty input topic; bench/loadgen.py offers events stamped
    with the current time at half the measured pipeline rate for a bounded time. Latency is the
    arrival of an event's prediction (matched by id `<user>:<event id>`) minus the event's
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -89,7 +96,9 @@ LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 class Params:
     """Sizes and repetitions of the end-to-end benchmarks."""
 
-    events: int = 200_000
+    events: int = 100_000
+    """Throughput input (was 200,000 before the peers and the scale-out run joined the phase:
+    halved to keep `make bench` near 12 minutes; `--e2e-events 200000` for the old size)."""
     users: int = 10_000
     runs: int = 3
     latency_runs: int = 3
@@ -101,6 +110,10 @@ class Params:
     recovery_events_per_user: int = 2
     recovery_runs: int = 3
     phases: tuple[str, ...] = ("throughput", "latency", "recovery")
+    peers: tuple[str, ...] = ("faust", "quix")
+    """Peers run in the throughput phase (bench/peers): "faust", "quix"."""
+    processes: int = 2
+    """The throughput phase also runs `oracular worker --processes N` (1: no scale-out run)."""
     worker_env: dict[str, str] = field(default_factory=dict)
     """Extra ORACULAR_* settings for the measured workers (experiments; noted in the output)."""
     worker_root: Path = ROOT
@@ -221,6 +234,40 @@ def peak_rss_bytes(pid: int) -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its living descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of `pid` and its living descendants."""
+    return sum(cpu_seconds(p) or 0.0 for p in process_tree(pid))
+
+
+def tree_peak_rss_bytes(pid: int) -> int:
+    """Sum of the peak resident memories of `pid` and its living descendants."""
+    return sum(peak_rss_bytes(p) or 0 for p in process_tree(pid))
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Sum of the resident memories of `pid` and its living descendants."""
+    return sum(rss_bytes(p) or 0 for p in process_tree(pid))
+
+
 def pytest_processes() -> list[str]:
     """Command lines of running pytest processes: other people's test runs on this box."""
     found = []
@@ -307,13 +354,14 @@ class Process:
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    async def wait_line(self, text: str, timeout_s: float) -> float:
-        """Wait until a log line contains `text`; return that line's log time (epoch s)."""
+    async def wait_line(self, text: str, timeout_s: float, count: int = 1) -> float:
+        """Wait until `count` log lines contain `text`; return the last one's log time (epoch
+        s)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for line in self.log_text().splitlines():
-                if text in line:
-                    return log_time(line) or time.time()
+            lines = [line for line in self.log_text().splitlines() if text in line]
+            if len(lines) >= count:
+                return log_time(lines[count - 1]) or time.time()
             if not self.running:
                 msg = f"{self.name} exited before {text!r}; log {self.log_path}:\n"
                 raise RuntimeError(msg + self.log_tail())
@@ -365,10 +413,13 @@ class Worker(Process):
         log_path: Path,
         settings: Mapping[str, str] | None = None,
         root: Path = ROOT,
+        processes: int = 1,
     ) -> None:
         """A worker for `app_id` on topics `<prefix>.*` (overridable in `settings`), run from
-        the checkout `root`."""
+        the checkout `root`; `processes` > 1 runs `oracular worker --processes N` (datadirs
+        `<datadir>/p<i>`)."""
         self.app_id, self.prefix, self.datadir = app_id, prefix, datadir
+        self.processes = processes
         self.settings = {
             "ORACULAR_BROKER": bootstrap,
             "ORACULAR_APP_ID": app_id,
@@ -378,6 +429,8 @@ class Worker(Process):
             **(settings or {}),
         }
         argv = [sys.executable, "-m", "streams.cli", "worker", "--config", str(CONFIG)]
+        if processes > 1:
+            argv += ["--processes", str(processes)]
         super().__init__(name, argv, clean_env(self.settings, root), log_path, cwd=root)
 
     @property
@@ -385,14 +438,24 @@ class Worker(Process):
         """The product topics this worker uses."""
         return product_topics(self.settings)
 
+    def summaries(self) -> dict[str, dict[str, str]]:
+        """Per process id in the log, the fields of its last `oracular summary` line (the one
+        logged at shutdown)."""
+        found = {}
+        for line in self.log_text().splitlines():
+            if "oracular summary:" in line:
+                pid = re.match(r"^\[[^]]*\] \[(\d+)\]", line)
+                found[pid.group(1) if pid else "?"] = dict(
+                    part.split("=", 1)
+                    for part in line.split("summary:", 1)[1].split()
+                    if "=" in part
+                )
+        return found
+
     def summary(self) -> dict[str, str]:
         """The fields of the last `oracular summary` line (the one logged at shutdown)."""
-        lines = [line for line in self.log_text().splitlines() if "oracular summary:" in line]
-        if not lines:
-            return {}
-        return dict(
-            part.split("=", 1) for part in lines[-1].split("summary:", 1)[1].split() if "=" in part
-        )
+        found = self.summaries()
+        return list(found.values())[-1] if found else {}
 
 
 def table_bytes(datadir: Path) -> int:
@@ -420,6 +483,8 @@ class Outputs:
     """Per role, the largest record timestamp."""
     values: list[tuple[float, bytes]] = field(default_factory=list)
     """(arrival wall time, value) of every record, when kept."""
+    stamps: dict[str, list[int]] = field(default_factory=dict)
+    """Per role, every record's timestamp (ms), in arrival order."""
     complete: bool = False
     """The counts reached the expected counts (else the run ended on idle or timeout)."""
     ended_by: str = ""
@@ -433,6 +498,7 @@ class Outputs:
     def add(self, role: str, records: Sequence[Any], arrival: float, *, keep: bool) -> None:
         """Count `records` of `role`, which arrived at wall time `arrival`."""
         self.counts[role] += len(records)
+        self.stamps.setdefault(role, []).extend(record.timestamp for record in records)
         for record in records:
             ts = record.timestamp
             if self.first_ts is None or ts < self.first_ts:
@@ -473,9 +539,11 @@ async def collect(
     started: asyncio.Event | None = None,
     input_done: Callable[[], bool] | None = None,
     idle_s: float = IDLE_S,
+    first_output: asyncio.Event | None = None,
 ) -> Outputs:
     """Read `topics` (role -> topic) from the beginning until the counts reach `expected`, or
-    nothing arrived for `idle_s` after the first output (and after `input_done()` holds)."""
+    nothing arrived for `idle_s` after the first output (and after `input_done()` holds).
+    `started` is set once the consumer runs, `first_output` when the first records arrive."""
     role_of = {topic: role for role, topic in topics.items()}
     consumer = AIOKafkaConsumer(
         *topics.values(),
@@ -496,6 +564,8 @@ async def collect(
             for tp, records in batches.items():
                 out.add(role_of[tp.topic], records, arrival, keep=keep_values)
                 clock.last_output = now
+            if batches and first_output is not None:
+                first_output.set()
             if expected is not None and all(out.counts[r] >= n for r, n in expected.items()):
                 out.complete, out.ended_by = True, "expected counts"
                 break
@@ -519,8 +589,17 @@ class Results:
     notes: list[str] = field(default_factory=list)
     preload_s: float = 0.0
     expected: dict[str, int] = field(default_factory=dict)
+    input_count: int = 0
+    """Records in the throughput phase's input topic (the events and the closing marks)."""
     pipeline: list[dict[str, Any]] = field(default_factory=list)
     passthrough: list[dict[str, Any]] = field(default_factory=list)
+    scaled: list[dict[str, Any]] = field(default_factory=list)
+    """The `oracular worker --processes N` runs (N = params.processes)."""
+    peers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per peer (bench/peers), its throughput runs."""
+    peer_versions: dict[str, str] = field(default_factory=dict)
+    peer_unavailable: dict[str, str] = field(default_factory=dict)
+    """Per peer that was not (or no longer) measured, why."""
     latency_rate: float = 0.0
     latency: list[dict[str, Any]] = field(default_factory=list)
     latency_base: list[dict[str, Any]] = field(default_factory=list)
@@ -528,6 +607,8 @@ class Results:
     restores: list[dict[str, Any]] = field(default_factory=list)
     empties: list[dict[str, Any]] = field(default_factory=list)
     broker_rss: int | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+    """Seconds each phase took."""
     samples: list[tuple[float, int]] = field(default_factory=list)
     """(1-minute load average, pytest processes running) every MONITOR_S seconds."""
 
@@ -555,6 +636,52 @@ class Results:
         )
 
 
+PEERS = {
+    "faust": ("bench.peers.faust_agent", "Faust agent", "faust-streaming"),
+    "quix": ("bench.peers.quix_app", "Quix Streams", "quixstreams"),
+}
+"""Peer name -> (module, label, distribution)."""
+
+
+async def cpu_at(event: asyncio.Event, pid: int) -> float:
+    """CPU seconds of `pid`'s process tree when `event` is set."""
+    await event.wait()
+    return tree_cpu_seconds(pid)
+
+
+def settled_rate(outputs: Outputs, count: int, ready: float) -> float | None:
+    """Events/s after `ready` (epoch s; the last of a worker's processes ready), estimated from
+    the predictions: `count` times the share of them stamped after `ready`, over the time from
+    `ready` to the last. None when no prediction came before `ready` (then the rate over the
+    whole span already is that)."""
+    stamps = outputs.stamps.get("predictions", [])
+    at = ready * 1000
+    after = [ts for ts in stamps if ts >= at]
+    if not after or len(after) == len(stamps):
+        return None
+    return count * len(after) / len(stamps) / max((max(after) - at) / 1000, 1e-3)
+
+
+def finished(task: asyncio.Task[Any]) -> bool:
+    """The task has a result (not cancelled, no exception)."""
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
+async def outputs_of(collector: asyncio.Task[Outputs], proc: Process) -> Outputs:
+    """The collector's result; RuntimeError if `proc` exits before the collection ends."""
+    while not collector.done():
+        if not proc.running:
+            await asyncio.sleep(1.0)  # outputs it flushed while stopping still arrive
+            if collector.done():
+                break
+            code = proc.process.returncode if proc.process else None
+            msg = f"{proc.name} exited ({code}) before its outputs were complete; log "
+            msg += f"{proc.log_path}:\n{proc.log_tail()}"
+            raise RuntimeError(msg)
+        await asyncio.wait({collector}, timeout=0.2)
+    return collector.result()
+
+
 class Bench:
     """One end-to-end benchmark session: a broker, a temp dir, unique names."""
 
@@ -572,8 +699,11 @@ class Bench:
         self.counter += 1
         return f"bench-{self.session}-{self.counter:02d}-{what}"
 
-    def worker(self, name: str, *, app_id: str | None = None, **settings: str) -> Worker:
-        """A worker with its own app id, topic prefix, datadir and log (unless overridden)."""
+    def worker(
+        self, name: str, *, app_id: str | None = None, processes: int = 1, **settings: str
+    ) -> Worker:
+        """A worker with its own app id, topic prefix, datadir and log (unless overridden);
+        `processes` > 1: `oracular worker --processes N`."""
         app_id = app_id or name
         return Worker(
             name,
@@ -583,6 +713,7 @@ class Bench:
             datadir=self.workdir / "state" / name,
             log_path=self.workdir / "logs" / f"{name}.log",
             root=self.params.worker_root,
+            processes=processes,
             settings={
                 **self.params.worker_env,
                 **{f"ORACULAR_{k.upper()}": v for k, v in settings.items()},
@@ -608,8 +739,10 @@ class Bench:
         r.expected = expected_outputs(self.config, events)
         await create_topics(self.bootstrap, [source])
         r.preload_s = await preload(self.bootstrap, source, events)
+        r.input_count = len(events)
         say(f"preloaded {p.events:,} events to {source} in {r.preload_s:.1f} s; {r.expected}")
         del events
+        peers = self.available_peers()
         for run in range(p.runs):
             r.load(f"throughput run {run + 1}")
             r.passthrough.append(await self.passthrough_run(source, p.events))
@@ -621,6 +754,114 @@ class Bench:
                 f"(to the last prediction {row['rate_pred']:,.0f}/s; {row['ended_by']}; "
                 f"CPU {row['cpu']:.0%} of a core; peak RSS {row['peak_rss'] / 2**20:.0f} MiB)"
             )
+            if p.processes > 1:
+                r.scaled.append(
+                    await self.pipeline_run(source, p.events, r.expected, processes=p.processes)
+                )
+                row = r.scaled[-1]
+                say(
+                    f"pipeline --processes {p.processes} {run + 1}/{p.runs}: "
+                    f"{row['rate']:,.0f} events/s ({row['ended_by']}; CPU {row['cpu']:.0%} of "
+                    f"a core; applied {row['applied_by_process']}; last ready "
+                    f"{row['ready_spread']:.1f} s after the first)"
+                )
+            for peer in list(peers):
+                row = await self.peer_run(peer, source, r.input_count)
+                r.peers.setdefault(peer, []).append(row)
+                label = PEERS[peer][1]
+                if row.get("error"):
+                    say(f"{label} {run + 1}/{p.runs}: FAILED ({row['error']}); not run again")
+                    r.peer_unavailable[peer] = f"run {run + 1} failed: {row['error']}"
+                    peers.remove(peer)
+                else:
+                    say(
+                        f"{label} {run + 1}/{p.runs}: {row['rate']:,.0f} events/s "
+                        f"({row['ended_by']}; CPU {row['cpu']:.0%} of a core)"
+                    )
+
+    def available_peers(self) -> list[str]:
+        """The peers asked for that can run here (Quix Streams installed on demand)."""
+        from bench.peers import ensure_quixstreams  # noqa: PLC0415
+
+        p, r = self.params, self.results
+        found = []
+        for peer in p.peers:
+            if peer not in PEERS:
+                r.peer_unavailable[peer] = "unknown peer (known: " + ", ".join(PEERS) + ")"
+                continue
+            if peer == "quix":
+                version, why = ensure_quixstreams(say)
+                if version is None:
+                    r.peer_unavailable[peer] = why
+                    say(f"Quix Streams unavailable: {why}")
+                    continue
+            with contextlib.suppress(Exception):
+                r.peer_versions[peer] = importlib.metadata.version(PEERS[peer][2])
+            found.append(peer)
+        return found
+
+    async def peer_run(self, peer: str, source: str, count: int) -> dict[str, Any]:
+        """One peer drains `source` (one output per input record) to its own topic."""
+        module, label, _ = PEERS[peer]
+        name = self.name(peer)
+        dest = f"{name}.out"
+        await create_topics(self.bootstrap, [dest])
+        started, first = asyncio.Event(), asyncio.Event()
+        collector = asyncio.create_task(
+            collect(
+                self.bootstrap,
+                {"out": dest},
+                expected={"out": count},
+                started=started,
+                first_output=first,
+            )
+        )
+        await started.wait()
+        proc = self.helper(
+            module,
+            name,
+            source=source,
+            dest=dest,
+            app_id=name,
+            datadir=self.workdir / "state" / name,
+        ).start()
+        cpu0 = asyncio.create_task(cpu_at(first, proc.pid))
+        error = ""
+        try:
+            outputs = await outputs_of(collector, proc)
+            cpu1 = tree_cpu_seconds(proc.pid)
+            peak = tree_peak_rss_bytes(proc.pid)
+        except RuntimeError as exc:
+            say(str(exc))
+            error = str(exc).splitlines()[0]
+            outputs = Outputs(ended_by="process exited")
+            cpu1, peak = 0.0, 0
+        finally:
+            collector.cancel()
+            cpu0.cancel()
+            proc.stop()
+        if not error and outputs.first_ts is None:
+            error = f"no output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of its start"
+            say(f"{label}: {error}; log {proc.log_path}:\n{proc.log_tail()}")
+        elif (
+            not error
+            and outputs.first_ts is not None
+            and outputs.first_ts < proc.started_wall * 1000
+        ):
+            # The rate is timed on the output records' timestamps: they must be produce times.
+            error = "its output timestamps predate its start (copied from the input?)"
+        if error:
+            return {"error": error, "log": str(proc.log_path)}
+        span = outputs.span_s()
+        return {
+            "rate": outputs.counts["out"] / span,
+            "seconds": span,
+            "count": outputs.counts["out"],
+            "complete": outputs.complete,
+            "ended_by": outputs.ended_by,
+            "cpu": (cpu1 - cpu0.result()) / span if finished(cpu0) else float("nan"),
+            "peak_rss": peak,
+        }
 
     async def passthrough_run(self, source: str, count: int) -> dict[str, Any]:
         dest = self.name("passthrough")
@@ -648,35 +889,45 @@ class Bench:
         }
 
     async def pipeline_run(
-        self, source: str, count: int, expected: Mapping[str, int]
+        self, source: str, count: int, expected: Mapping[str, int], processes: int = 1
     ) -> dict[str, Any]:
-        worker = self.worker(self.name("pipeline"), topic_events=source)
+        """A fresh worker (`processes` processes of one new app id) drains `source`."""
+        kind = "pipeline" if processes == 1 else f"pipeline-x{processes}"
+        worker = self.worker(self.name(kind), processes=processes, topic_events=source)
         topics = worker.topics
         await create_topics(self.bootstrap, [spec.name for spec in topics])
         roles = {"predictions": topics.predictions.name, "episodes": topics.episodes.name}
-        started = asyncio.Event()
+        started, first = asyncio.Event(), asyncio.Event()
         collector = asyncio.create_task(
-            collect(self.bootstrap, roles, expected=expected, started=started)
+            collect(self.bootstrap, roles, expected=expected, started=started, first_output=first)
         )
         await started.wait()
-        broker_cpu0 = cpu_seconds(self.broker.pid) or 0.0
+        broker_cpu0 = asyncio.create_task(cpu_at(first, self.broker.pid))
         worker.start()
+        cpu0 = asyncio.create_task(cpu_at(first, worker.pid))
         try:
-            ready = await worker.wait_line(READY_LINE, READY_TIMEOUT_S)
-            cpu0 = cpu_seconds(worker.pid) or 0.0
-            outputs = await collector
-            cpu1 = cpu_seconds(worker.pid) or cpu0
-            broker_cpu1 = cpu_seconds(self.broker.pid) or broker_cpu0
-            peak = peak_rss_bytes(worker.pid) or 0
-            rss = rss_bytes(worker.pid) or 0
+            ready_first = await worker.wait_line(READY_LINE, READY_TIMEOUT_S)
+            ready = await worker.wait_line(READY_LINE, READY_TIMEOUT_S, count=processes)
+            outputs = await outputs_of(collector, worker)
+            cpu1 = tree_cpu_seconds(worker.pid)
+            broker_cpu1 = cpu_seconds(self.broker.pid) or 0.0
+            peak = tree_peak_rss_bytes(worker.pid)
+            rss = tree_rss_bytes(worker.pid)
         finally:
             collector.cancel()
+            cpu0.cancel()
+            broker_cpu0.cancel()
             worker.stop()
+        summaries = worker.summaries()
         summary = worker.summary()
         span_pred = outputs.span_s("predictions")
         span_all = outputs.span_s()
         assert outputs.first_ts is not None
         return {
+            "rate_settled": settled_rate(outputs, count, ready),
+            "processes": processes,
+            "ready_spread": ready - ready_first,
+            "applied_by_process": "+".join(s.get("applied", "?") for s in summaries.values()),
             "rate": count / span_all,
             "rate_pred": count / span_pred,
             "seconds": span_pred,
@@ -686,10 +937,14 @@ class Bench:
             "counts": dict(outputs.counts),
             "complete": outputs.complete,
             "ended_by": outputs.ended_by,
-            "applied": summary.get("applied"),
+            "applied": summary.get("applied")
+            if processes == 1
+            else str(sum(int(s.get("applied", 0)) for s in summaries.values())),
             "closed_by_timer": summary.get("closed_by_timer"),
-            "cpu": (cpu1 - cpu0) / span_all,
-            "broker_cpu": (broker_cpu1 - broker_cpu0) / span_all,
+            "cpu": (cpu1 - cpu0.result()) / span_all if finished(cpu0) else float("nan"),
+            "broker_cpu": (broker_cpu1 - broker_cpu0.result()) / span_all
+            if finished(broker_cpu0)
+            else float("nan"),
             "peak_rss": peak,
             "rss": rss,
         }
@@ -913,12 +1168,15 @@ class Bench:
         phases = self.params.phases
         monitor = asyncio.create_task(self.results.monitor())
         try:
-            if "throughput" in phases:
-                await self.throughput()
-            if "latency" in phases:
-                await self.latency()
-            if "recovery" in phases:
-                await self.recovery()
+            for phase, step in (
+                ("throughput", self.throughput),
+                ("latency", self.latency),
+                ("recovery", self.recovery),
+            ):
+                if phase in phases:
+                    began = time.monotonic()
+                    await step()
+                    self.results.durations[phase] = time.monotonic() - began
         finally:
             monitor.cancel()
         self.results.broker_rss = self.broker.rss_bytes()
@@ -1031,6 +1289,66 @@ def machine() -> str:
     )
 
 
+def _cell(text: str) -> str:
+    """`text` fit for a Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _peer_ok(r: Results, peer: str) -> list[dict[str, Any]]:
+    """The peer's runs that produced a rate."""
+    return [row for row in r.peers.get(peer, []) if not row.get("error")]
+
+
+def scale_out_rows(r: Results) -> list[tuple[str, str, str, str, str]]:
+    """The `--processes N` rows: N processes against one, same runs."""
+    if not r.scaled:
+        return []
+    one, many = _median(r.pipeline, "rate"), _median(r.scaled, "rate")
+    n = r.params.processes
+    return [
+        (
+            f"throughput, events/s (`oracular worker --processes {n}`)",
+            f"{many:,.0f}",
+            f"one process {one:,.0f}",
+            f"{many / one:.2f}",
+            "",
+        ),
+        (
+            f"worker CPU while draining, {n} processes (share of one core, all processes)",
+            f"{_median(r.scaled, 'cpu'):.0%}",
+            f"one process {_median(r.pipeline, 'cpu'):.0%}",
+            "",
+            "",
+        ),
+    ]
+
+
+def peer_rows(r: Results) -> list[tuple[str, str, str, str, str]]:
+    """One row per peer: the one-process worker's rate against the peer's (ratio worker/peer)."""
+    out = []
+    worker = _median(r.pipeline, "rate")
+    for peer in r.params.peers:
+        label = PEERS[peer][1] if peer in PEERS else peer
+        measure = f"throughput vs {label} (per-user count in RocksDB, one output per event)"
+        ok = _peer_ok(r, peer)
+        if ok:
+            rate = _median(ok, "rate")
+            partial = f" ({len(ok)} of {r.params.runs} runs)" if len(ok) < r.params.runs else ""
+            out.append(
+                (
+                    measure,
+                    f"{worker:,.0f}",
+                    f"{label} {rate:,.0f}{partial}",
+                    f"{worker / rate:.2f}",
+                    "",
+                )
+            )
+        else:
+            why = r.peer_unavailable.get(peer, "not run")
+            out.append((measure, f"{worker:,.0f}", _cell(f"{label}: not measured: {why}"), "", ""))
+    return out
+
+
 def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
     """(measure, worker, same-run baseline, ratio, target) rows of the summary table."""
     out = []
@@ -1056,6 +1374,7 @@ def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
                 "",
             )
         )
+        out += scale_out_rows(r) + peer_rows(r)
     if r.latency:
         for key in ("p50", "p99", "max"):
             worker, base = _median(r.latency, key), _median(r.latency_base, key)
@@ -1096,6 +1415,11 @@ def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
     rss = []
     if r.pipeline:
         rss.append(f"peak {_mib(_median(r.pipeline, 'peak_rss'))} draining")
+    if r.scaled:
+        rss.append(
+            f"peaks {_mib(_median(r.scaled, 'peak_rss'))} summed over the "
+            f"`--processes {r.params.processes}` processes draining"
+        )
     if r.latency:
         rss.append(f"peak {_mib(_median(r.latency, 'peak_rss'))} at the latency load")
     if r.restores:
@@ -1112,6 +1436,7 @@ def section(r: Results, command: str) -> str:
     p = r.params
     now = datetime.now().astimezone()
     loads = "; ".join(f"{when} {load[0]:.2f}" for when, load in r.loads)
+    took = ", ".join(f"{phase} {seconds:,.0f} s" for phase, seconds in r.durations.items())
     table = [
         "| measure | worker | same-run baseline | ratio | target |",
         "|---|---:|---|---:|---|",
@@ -1123,7 +1448,7 @@ def section(r: Results, command: str) -> str:
         "",
         f"Machine: {machine()}. The broker, the worker, the load generator and the bench's "
         "consumer all share these cores.",
-        f"Load average (1 min) at each phase: {loads}.",
+        f"Load average (1 min) at each phase: {loads}. Time taken: {took}.",
         *r.notes,
         r.machine_load(),
         f"Broker: Kafka {_kafka_version()} single node started by the bench "
@@ -1137,6 +1462,11 @@ def section(r: Results, command: str) -> str:
             else ""
         )
         + (f"; run from the checkout {p.worker_root}" if p.worker_root != ROOT else "")
+        + (
+            f"; in the throughput phase also as `oracular worker --processes {p.processes}`"
+            if r.scaled
+            else ""
+        )
         + f". Code: {code_version(p.worker_root)}.",
         "",
         *table,
@@ -1167,6 +1497,7 @@ def section(r: Results, command: str) -> str:
             f"{_median(r.pipeline, 'broker_cpu'):.0%} of a core.",
             "",
         ]
+    lines += scale_out_text(r) + peers_text(r)
     if r.latency:
         lines += [
             f"**Latency** ({p.latency_runs} runs each, alternating; medians above): "
@@ -1214,6 +1545,104 @@ def section(r: Results, command: str) -> str:
         END,
     ]
     return "\n".join(lines)
+
+
+def _per_cpu(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Median over `runs` of events per CPU-second of the measured process(es)."""
+    values = [
+        row["rate"] / row["cpu"]
+        for row in runs
+        if row.get("rate") and row.get("cpu") and not math.isnan(row["cpu"])
+    ]
+    return f"{statistics.median(values):,.0f}" if values else "n/a"
+
+
+def scale_out_text(r: Results) -> list[str]:
+    """The scale-out paragraph."""
+    if not r.scaled:
+        return []
+    n, one, many = r.params.processes, _median(r.pipeline, "rate"), _median(r.scaled, "rate")
+    return [
+        f"**Scale-out** (in the same alternation, {len(r.scaled)} runs; medians above). "
+        f"`oracular worker --processes {n}`: one new app id per run (the same scheme as the "
+        f"one-process runs), {n} processes splitting the {PARTITIONS} input partitions "
+        "(`streams/processes.py`; datadirs `<datadir>/p<i>`). Events/s: "
+        f"{_list(r.scaled, 'rate')} against one process's {_list(r.pipeline, 'rate')}: "
+        f"{many / one:.2f}× the one-process rate. Events applied per process: "
+        f"{', '.join(row['applied_by_process'] for row in r.scaled)}. The last process was "
+        f"ready {_list(r.scaled, 'ready_spread', '{:.1f}')} s after the first, and the first "
+        f"output came {_list(r.scaled, 'first_output_after_ready', '{:+.1f}')} s after the "
+        "last was ready (negative: the first process was already draining, so the second's "
+        "join, a rebalance, is inside the timed span; events/s estimated from the share of "
+        "predictions stamped after the last process was ready: "
+        f"{_list(r.scaled, 'rate_settled')}). Runs ended by: "
+        f"{', '.join(row['ended_by'] for row in r.scaled)}. CPU of all the worker's processes "
+        f"while draining: {_median(r.scaled, 'cpu'):.0%} of a core (one process: "
+        f"{_median(r.pipeline, 'cpu'):.0%}), {_per_cpu(r.scaled)} events per CPU-second (one "
+        f"process: {_per_cpu(r.pipeline)}); the broker's: {_median(r.scaled, 'broker_cpu'):.0%} "
+        f"(with one process: {_median(r.pipeline, 'broker_cpu'):.0%}). This machine has "
+        f"{os.cpu_count()} cores, and the worker's processes share them with the broker (which "
+        "receives every output and changelog record and serves every fetch), the bench's "
+        "collector consuming the outputs, and the producer clients inside each process: "
+        f"{n} processes cannot get {n} whole cores here, so the ratio is a floor for a machine "
+        "with a core per process and the broker elsewhere.",
+        "",
+    ]
+
+
+def peers_text(r: Results) -> list[str]:
+    """The peers paragraph."""
+    if not r.params.peers or not r.pipeline:
+        return []
+    worker = _median(r.pipeline, "rate")
+    parts = [
+        f"**Peers** (in the same alternation, on the same input topic; medians above). Each "
+        "peer (`bench/peers/`) is a per-user counter written the way its framework's documentation "
+        "teaches, in its own process, consumer group and state directory. Per event it decodes "
+        "the msgpack value, reads the user's `[count, last event time]` from its RocksDB "
+        "state, writes it back (the framework's changelog topic records it), and sends one "
+        f"msgpack output keyed by the user: {r.input_count:,} outputs per run, timed like the "
+        "passthrough (first to last output record timestamp). The worker does far more per "
+        "event: it decodes and checks the event, runs the engine on the user's decoded state "
+        "(`apply_event`: the episode's signals, the predictions that change), publishes "
+        "predictions and closed episodes (the timer's closes included; about 0.58 outputs per "
+        "event here), keeps the deadline index, and sends a changelog record per user per "
+        "batch, awaited before the input offsets are committed. The worker: "
+        f"{worker:,.0f} events/s, {_per_cpu(r.pipeline)} per CPU-second of its process. Events "
+        "per CPU-second (each run's rate over its CPU share, median) compare the code's cost "
+        "on a busy machine better than events/s, which also depend on the cores it got."
+    ]
+    for peer in r.params.peers:
+        label = PEERS[peer][1] if peer in PEERS else peer
+        version = r.peer_versions.get(peer, "version unknown")
+        ok = _peer_ok(r, peer)
+        what = {
+            "faust": f"{label} (faust-streaming {version}, `bench/peers/faust_agent.py`: "
+            '`app.Table(..., store="rocksdb://")` with JSON values, `async for value in '
+            "stream`, `table[user] = [count, ts]` (a changelog record per write, so per "
+            "event), one `await topic.send(...)` per event, at-least-once, none of the "
+            "product's patches or batching)",
+            "quix": f"{label} ({version}, `bench/peers/quix_app.py`: confluent-kafka/"
+            "librdkafka client, `sdf.update(..., stateful=True)` on RocksDB state, "
+            "`sdf.to_topic(...)`; at-least-once with a checkpoint every 5 s that flushes the "
+            "outputs and writes one changelog record per changed user; output timestamps set "
+            "to the wall clock at processing)",
+        }.get(peer, label)
+        if ok:
+            rate = _median(ok, "rate")
+            text = (
+                f"{what}: events/s {_list(ok, 'rate')}; CPU {_median(ok, 'cpu'):.0%} of a "
+                f"core, {_per_cpu(ok)} events per CPU-second; peak RSS "
+                f"{_mib(_median(ok, 'peak_rss'))}; runs ended by "
+                f"{', '.join(row['ended_by'] for row in ok)}; {rate / worker:.1f}× the "
+                f"worker's rate (worker/peer {worker / rate:.2f})"
+            )
+            if peer in r.peer_unavailable:
+                text += f"; then {r.peer_unavailable[peer]}"
+        else:
+            text = f"{what}: not measured: {r.peer_unavailable.get(peer, 'not run')}"
+        parts.append(f"- {text}.")
+    return [parts[0], "", *parts[1:], ""]
 
 
 def print_table(r: Results) -> None:
