@@ -23,6 +23,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -518,6 +519,8 @@ class FaustNode:
         self.config = runtime.processor.config
         self.table = app.tables[STATE_TABLE]
         self.assigned_once = False
+        self.worker_loop: asyncio.AbstractEventLoop | None = None
+        """The Faust worker's loop, where produce calls must run (set when the API starts)."""
 
     @property
     def changelog(self) -> str:
@@ -647,6 +650,14 @@ class FaustNode:
         ]
 
     async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
+        """Produce on the worker's own loop (Faust's producer lives there), from any loop."""
+        worker_loop = self.worker_loop
+        if worker_loop is None or worker_loop is asyncio.get_running_loop():
+            return await self._append(key, value, partition)
+        future = asyncio.run_coroutine_threadsafe(self._append(key, value, partition), worker_loop)
+        return await asyncio.wrap_future(future)
+
+    async def _append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
         sent = await self.app.producer.send(self.events_topic, key, value, partition, None, None)
         metadata = await sent
         return int(metadata.partition), int(metadata.offset)
@@ -671,29 +682,78 @@ def _end_offset(consumer: Any, tp: Any) -> int | None:
 
 
 class ApiService(Service):
-    """Runs the API's aiohttp server on the socket bound at install time."""
+    """Runs the API's aiohttp server in a thread of its own, on its own event loop.
 
-    def __init__(self, app: Any, web_app: web.Application, sock: socket.socket, url: str) -> None:
+    The worker's loop spends tens of milliseconds at a time applying a batch; on that loop a
+    lookup would wait for the batch, and a burst of lookups would hold up processing. In its
+    own thread a lookup waits at most the interpreter's switch interval (5 ms) for the batch,
+    and reads RocksDB (safe from any thread) and the engine (pure) without touching the
+    worker's loop; only a reveal's produce call is handed to the worker's loop.
+    """
+
+    STARTUP_TIMEOUT_S = 30.0
+
+    def __init__(
+        self, app: Any, web_app: web.Application, sock: socket.socket, url: str, node: Any
+    ) -> None:
         super().__init__()
-        self.app, self.web_app, self.sock, self.url = app, web_app, sock, url
+        self.app, self.web_app, self.sock, self.url, self.node = app, web_app, sock, url, node
         self.runner: web.AppRunner | None = None
+        self.loop_: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
 
     async def on_start(self) -> None:
         # Before the consumer joins: a `faust worker --web-port` must not change the URL the
         # assignor advertises for this worker.
         self.app.conf.canonical_url = self.url
-        self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        await web.SockSite(self.runner, self.sock).start()
+        self.node.worker_loop = asyncio.get_running_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=self._serve, args=(ready,), name="oracular-api", daemon=True
+        )
+        self.thread.start()
+        started = await asyncio.get_running_loop().run_in_executor(
+            None, ready.wait, self.STARTUP_TIMEOUT_S
+        )
+        if self.failure is not None or not started:
+            msg = f"the lookup API did not start: {self.failure or 'timed out'}"
+            raise RuntimeError(msg)
         host, port = self.sock.getsockname()[:2]
         log.info(
             "oracular lookup API on %s:%s, advertised to other workers as %s", host, port, self.url
         )
 
+    def _serve(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop_ = loop
+        asyncio.set_event_loop(loop)
+
+        async def start() -> None:
+            self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
+            await self.runner.setup()
+            await web.SockSite(self.runner, self.sock).start()
+
+        try:
+            loop.run_until_complete(start())
+        except BaseException as exc:
+            self.failure = exc
+            ready.set()
+            loop.close()
+            return
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            if self.runner is not None:
+                loop.run_until_complete(self.runner.cleanup())
+            loop.close()
+
     async def on_stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
+        loop, thread = self.loop_, self.thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -764,7 +824,7 @@ def install_serving(app: Any, runtime: Any) -> Api:
     node_table.standby_buffer_size = 1
     node = FaustNode(app, runtime, url)
     api = Api(node, token=settings.api_token, forward_timeout_s=settings.api_forward_timeout_s)
-    service = ApiService(app, build_web_app(api), sock, url)
+    service = ApiService(app, build_web_app(api), sock, url, node)
     app.add_dependency(service)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
