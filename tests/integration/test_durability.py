@@ -77,11 +77,11 @@ BATCH_MAX = "50"
 CHUNK = 150
 """Events produced between two rounds of ticks: three batches or so."""
 KILL_BATCH = 25
-"""The batch whose step kills the worker: some 700 to 1,000 events into the stream (batches of
+"""The batch whose step kills the worker: some 500 to 1,000 events into the stream (batches of
 ticks included), after several rounds of ticks that closed episodes."""
 SUMMARY_INTERVAL_S = "0.1"  # the killed run logs its counters often: its last line is recent
 KILL_TIMEOUT_S = 60.0  # a started worker reaches its KILL_BATCH-th batch
-COMPLETION_TIMEOUT_S = 120.0  # the restarted worker applies the rest of the stream, commits it
+COMPLETION_TIMEOUT_S = 120.0  # the restart applies the rest and commits it (about 5 s, idle)
 TICKS_TIMEOUT_S = 30.0  # the running worker's timer ticks every partition once more
 OFFSET_KEY = RocksDBStore.offset_key
 """Where Faust keeps a partition DB's changelog offset (not a user)."""
@@ -307,8 +307,9 @@ async def test_state_is_durable_after_a_kill_at_each_step_of_a_batch(
     del worker.env["ORACULAR_TEST_KILL_AT"]
     worker.start()
     with explained_by(worker):
-        await wait_for_outputs(dep, expected, timeout_s=COMPLETION_TIMEOUT_S)
+        # Committed first: a partition left behind is named with its offsets.
         await wait_committed(dep, timeout_s=COMPLETION_TIMEOUT_S)
+        await wait_for_outputs(dep, expected, timeout_s=COMPLETION_TIMEOUT_S)
     assert worker.stop() == 0
     counts = last_summary(worker.log_text(current_run_only=True))
     print(f"restarted run's counters: {counts}")
