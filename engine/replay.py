@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from engine.config import EngineConfig
-from engine.errors import InvalidEventError
 from engine.episodes import ClosedEpisode, clamp_time, close_if_due, end_episode_transition
+from engine.errors import InvalidEventError
 from engine.observe import observe_transition
 from engine.predict import Prediction, mark_revealed, predict
 from engine.state import EngineState, create_state
