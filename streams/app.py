@@ -171,6 +171,34 @@ def fence_stale_changelog_records(table: Any) -> None:
     table.apply_changelog_batch = apply_newer
 
 
+class Lease:
+    """Notices when the worker's event loop stopped running for long (see `_may_write`).
+
+    `keep` renews it four times a second; a renewal older than `limit_s` means the loop was
+    stalled that long: the process was frozen, or a single step ran that long.
+    """
+
+    def __init__(self, limit_s: float) -> None:
+        """Doubt membership after a stall longer than `limit_s`."""
+        self.limit_s = limit_s
+        self.renewed = time.monotonic()
+
+    def renew(self) -> None:
+        """The loop is running now."""
+        self.renewed = time.monotonic()
+
+    def stalled_s(self) -> float | None:
+        """How long the loop was stalled, when that is longer than the limit; else None."""
+        stalled = time.monotonic() - self.renewed
+        return stalled if stalled > self.limit_s else None
+
+    async def keep(self) -> None:
+        """Renew until cancelled."""
+        while True:
+            self.renew()
+            await asyncio.sleep(0.25)
+
+
 class GcPolicy:
     """Keeps Python's cyclic collector off the long-lived states.
 
@@ -343,6 +371,10 @@ def create_app(
     async def tick() -> None:
         await runtime.send_ticks(ticks)
 
+    @app.task
+    async def keep_lease() -> None:
+        await runtime.lease.keep()
+
     @app.timer(settings.summary_interval_s)
     async def summary() -> None:
         runtime.log_summary()
@@ -360,7 +392,7 @@ def create_app(
     async def final_summary(app: Any, **_: Any) -> None:
         runtime.log_summary()
 
-    del process, tick, summary, rebuild_deadlines, forget, final_summary  # registered above
+    del process, tick, keep_lease, summary, rebuild_deadlines, forget, final_summary  # registered
     return app
 
 
@@ -386,6 +418,7 @@ class _Runtime:
         self._last_summary = (self.started, 0)
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy()
+        self.lease = Lease(settings.session_timeout_s / 2)
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
@@ -394,6 +427,8 @@ class _Runtime:
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
+        if not await self._may_write():
+            return []  # fenced: nothing written, nothing acked; the owners re-read it
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
         # so a failed delivery raises here, before any state records the inputs as applied.
@@ -405,6 +440,8 @@ class _Runtime:
         await producer.flush()
         await asyncio.gather(*sent)
         self.faults.reached("outputs")
+        if not await self._may_write():
+            return []
         writes = list(batch.writes())
         for key, value, context in writes:
             self.table.set(key, value, context)
@@ -428,6 +465,41 @@ class _Runtime:
         if self.backfill is not None:
             self._backfill_progress(messages)
         return events
+
+    async def _may_write(self) -> bool:
+        """False when this worker was paused long enough to have lost its partitions.
+
+        A worker frozen past its session timeout (a GC or VM pause, SIGSTOP) is evicted from
+        the group, but until its next heartbeat it does not know, and a batch it had in hand
+        would write outputs and states *after* the partitions' new owner wrote newer ones: a
+        zombie. Kafka cannot fence it without transactions, so the worker fences itself: when
+        its loop was stalled for more than half the session timeout (`Lease`), it writes
+        nothing until it knows. A rebalance within one session timeout means it lost the
+        group: the batch is dropped unwritten and unacked (the partitions' owners re-read it
+        from the committed offsets). No rebalance in that time: it is still a member.
+        """
+        stalled = self.lease.stalled_s()
+        if stalled is None:
+            return True
+        app = self.app
+        generation = app.consumer_generation_id
+        log.warning(
+            "the worker was paused for %.1f s (over half the session timeout): confirming it "
+            "still belongs to its group before writing",
+            stalled,
+        )
+        deadline = time.monotonic() + self.settings.session_timeout_s
+        while time.monotonic() < deadline:
+            if app.rebalancing or app.consumer_generation_id != generation:
+                self.processor.counts["fenced_batches"] += 1
+                log.warning(
+                    "it did not: the batch in hand is dropped unwritten; its inputs are "
+                    "re-read by the partitions' owners"
+                )
+                return False
+            await asyncio.sleep(0.05)
+        self.lease.renew()
+        return True
 
     def _expect_committed(self, messages: list[InMessage]) -> None:
         """A partition's first input after (re)assignment is expected at its committed offset
@@ -513,6 +585,7 @@ class _Runtime:
             self.processor.open_episodes(),
         )
         self.memory.freeze()
+        self.lease.renew()  # a long restore is not a freeze
 
     def log_summary(self) -> None:
         now = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,3 +81,51 @@ def test_equal_versions_and_deletes_apply():
     same = value(3, 0)
     table.apply_changelog_batch(events(same, same, None, value(1, 0)))
     assert table.applied == [0, 1, 2, 3] and table.data[b"u"] == value(1, 0)
+
+
+# --- a worker that was frozen fences itself before writing --------------------------------
+
+
+class _App:
+    def __init__(self) -> None:
+        self.rebalancing = False
+        self.consumer_generation_id = 7
+
+
+class _Settings:
+    session_timeout_s = 0.5
+
+
+def _runtime(app: _App) -> Any:
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from streams.app import Lease, _Runtime
+
+    runtime = _Runtime.__new__(_Runtime)
+    runtime.app, runtime.settings = app, _Settings()
+    runtime.lease = Lease(0.1)
+    runtime.processor = SimpleNamespace(counts=Counter())
+    return runtime
+
+
+async def test_a_running_worker_writes_at_once():
+    runtime = _runtime(_App())
+    assert await runtime._may_write()
+
+
+async def test_a_stalled_worker_that_lost_its_group_drops_the_batch():
+    app = _App()
+    runtime = _runtime(app)
+    runtime.lease.renewed -= 5  # the loop did not run for 5 s
+    # While the worker waits, its heartbeat finds out that the group moved on without it.
+    asyncio.get_running_loop().call_soon(setattr, app, "consumer_generation_id", 8)
+    assert not await runtime._may_write()
+    assert runtime.processor.counts["fenced_batches"] == 1
+
+
+async def test_a_stalled_worker_still_in_its_group_writes_after_one_session_timeout():
+    runtime = _runtime(_App())
+    runtime.lease.renewed -= 5
+    assert await runtime._may_write()
+    assert runtime.lease.stalled_s() is None
