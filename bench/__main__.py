@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
@@ -58,7 +59,7 @@ def _baseline(config: EngineConfig, events: list[Event]) -> None:
 
 def _observe(config: EngineConfig, events: list[Event]) -> None:
     fresh = create_state(config)
-    states = {}
+    states: dict[str, Any] = {}
     for event in events:
         state = states.get(event.user, fresh)
         if event.type == "end":
