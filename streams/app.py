@@ -119,7 +119,9 @@ class FaustTable(Table):
             self.table.data.set_persisted_offset(TP(topic, partition), offset)
 
 
-def fence_stale_changelog_records(table: Any) -> None:
+def fence_stale_changelog_records(
+    table: Any, repair: Callable[[int, bytes], None] | None = None
+) -> None:
     """Make restores and standbys skip changelog records older than the value they hold.
 
     A worker frozen past its session timeout (a long GC pause, a stopped VM) comes back as a
@@ -129,7 +131,9 @@ def fence_stale_changelog_records(table: Any) -> None:
     (`schemas.stored.stored_version`: last applied offset, then episodes closed): a record
     older than the value already stored (or already seen in the batch) is skipped. The new
     owner's local store never reads the changelog, so only restores and standbys need this.
-    The partitions' persisted offsets still advance past skipped records.
+    The partitions' persisted offsets still advance past skipped records. Where a skipped
+    record is the last of its user in the log (compaction would keep it), `repair(partition,
+    key)` is called: the partition's owner writes the user's state again after recovery.
     """
     apply = table.apply_changelog_batch
 
@@ -137,6 +141,7 @@ def fence_stale_changelog_records(table: Any) -> None:
         kept: list[Any] = []
         newest: dict[tuple[int, bytes], tuple[int, int] | None] = {}
         last: dict[Any, int] = {}
+        stale_last: set[tuple[int, bytes]] = set()
         skipped = 0
         for event in batch:
             message = event.message
@@ -155,10 +160,15 @@ def fence_stale_changelog_records(table: Any) -> None:
                 current = None if raw is None else stored_version(raw)
             if version is not None and current is not None and version < current:
                 skipped += 1
+                stale_last.add(where)
                 continue
             newest[where] = version
+            stale_last.discard(where)
             kept.append(event)
         apply(kept)
+        if repair is not None:
+            for partition, key in stale_last:
+                repair(partition, key)
         for tp, offset in last.items():
             table.data.set_persisted_offset(tp, offset)
         if skipped:
@@ -182,6 +192,9 @@ class Lease:
         """Doubt membership after a stall longer than `limit_s`."""
         self.limit_s = limit_s
         self.renewed = time.monotonic()
+        self.stalled_since_rebalance = False
+        """A stall was seen since the last rebalance: this worker may have been a zombie, so
+        its local copies of the partitions it loses are not trusted (`_Runtime.revoked`)."""
 
     def renew(self) -> None:
         """The loop is running now."""
@@ -190,11 +203,15 @@ class Lease:
     def stalled_s(self) -> float | None:
         """How long the loop was stalled, when that is longer than the limit; else None."""
         stalled = time.monotonic() - self.renewed
-        return stalled if stalled > self.limit_s else None
+        if stalled > self.limit_s:
+            self.stalled_since_rebalance = True
+            return stalled
+        return None
 
     async def keep(self) -> None:
-        """Renew until cancelled."""
+        """Renew until cancelled (noting any stall it finds)."""
         while True:
+            self.stalled_s()
             self.renew()
             await asyncio.sleep(0.25)
 
@@ -338,7 +355,6 @@ def create_app(
         partitions=partitions,
         options=dict(ROCKSDB_OPTIONS),
     )
-    fence_stale_changelog_records(table)
     processor = Processor(
         config,
         events_topic=topics.events.name,
@@ -354,6 +370,7 @@ def create_app(
         cache_users=settings.state_cache_users,
     )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
+    fence_stale_changelog_records(table, runtime.repair)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
     if backfill is None:  # the lookup API, health and metrics (streams/api.py, docs/serving.md)
         from streams.api import install_serving  # noqa: PLC0415 - aiohttp only in workers
@@ -387,6 +404,7 @@ def create_app(
     async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
         partitions = [tp.partition for tp in revoked if tp.topic == topics.events.name]
         processor.forget(partitions)
+        runtime.revoked(partitions)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
@@ -419,6 +437,7 @@ class _Runtime:
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
+        self.repairs: dict[int, set[bytes]] = {}
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
@@ -573,6 +592,25 @@ class _Runtime:
             if tp.topic == self.settings.topics.ticks.name:
                 await ticks.send(value=encode_tick(now), partition=tp.partition)
 
+    def repair(self, partition: int, key: bytes) -> None:
+        """After recovery, write `key` again: the changelog's last record of it is stale."""
+        self.repairs.setdefault(partition, set()).add(key)
+
+    def revoked(self, partitions: list[int]) -> None:
+        """Partitions lost in a rebalance. After a stall (this worker may have been a zombie
+        whose late writes advanced its local copies' persisted offsets past another owner's
+        writes), their next restore here starts from the beginning of the changelog."""
+        if not self.lease.stalled_since_rebalance:
+            return
+        self.lease.stalled_since_rebalance = False
+        topic = self.table.table.changelog_topic.get_topic_name()
+        for partition in partitions:
+            self.table.table.data.set_persisted_offset(TP(topic, partition), -1)
+        log.warning(
+            "after a stall, the local copies of partitions %s will be restored in full",
+            partitions,
+        )
+
     def rebuild(self, table: Any) -> None:
         consumer, ticks = self.app.consumer, self.settings.topics.ticks.name
         self.processor.rebuild(
@@ -580,6 +618,14 @@ class _Runtime:
             _wall_ms(),
             lambda p: faust_patches.committed_offset(consumer, TP(ticks, p)),
         )
+        for partition, keys in self.repairs.items():
+            self.processor.rewrite.setdefault(partition, []).extend(keys)
+        if self.repairs:
+            log.warning(
+                "rewriting %s user(s) whose last changelog record was stale",
+                sum(map(len, self.repairs.values())),
+            )
+        self.repairs = {}
         log.info(
             "deadline index rebuilt: %s users with an open episode",
             self.processor.open_episodes(),

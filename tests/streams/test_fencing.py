@@ -75,6 +75,18 @@ def test_a_late_older_record_is_skipped_within_a_batch_and_against_the_store():
     assert table.data[b"u"] == newer
 
 
+def test_a_stale_record_left_last_in_the_log_is_repaired_by_the_owner():
+    """Compaction keeps a key's last record: a stale last one must be written over."""
+    repaired = []
+    table = Table()
+    fence_stale_changelog_records(table, lambda p, k: repaired.append((p, k)))
+    table.apply_changelog_batch(events(value(9, 2), value(7, 1)))
+    assert repaired == [(0, b"u")]
+    repaired.clear()
+    table.apply_changelog_batch(events(value(7, 1), value(10, 0)))  # a newer one follows
+    assert repaired == []
+
+
 def test_equal_versions_and_deletes_apply():
     table = Table()
     fence_stale_changelog_records(table)
