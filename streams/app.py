@@ -35,6 +35,7 @@ from engine import EngineConfig
 from schemas.config import load_config
 from schemas.stored import stored_version
 from streams import faust_patches  # applied on import: every worker runs patched
+from streams.gapfill import GapFiller, fill_holes
 from streams.processor import (
     DLQ,
     EPISODES,
@@ -409,6 +410,7 @@ def create_app(
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
         runtime.log_summary()
+        await runtime.gaps.close()
 
     del process, tick, keep_lease, summary, rebuild_deadlines, forget, final_summary  # registered
     return app
@@ -438,6 +440,7 @@ class _Runtime:
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
         self.repairs: dict[int, set[bytes]] = {}
+        self.gaps = GapFiller(settings.broker, settings.client_kwargs())
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
@@ -445,6 +448,10 @@ class _Runtime:
         batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
+        messages = await fill_holes(
+            self.gaps, messages, dict(self.processor.next_offset), self.events_topic
+        )
+        self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
         if not await self._may_write():
             return []  # fenced: nothing written, nothing acked; the owners re-read it

@@ -68,6 +68,7 @@ REPORTED: Final = (
     "quarantined",
     "internal_errors",
     "gaps",
+    "refetched",
     "fenced_batches",
 )
 """The counters the worker's summary line shows, in order."""
