@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import faust
+from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
 from engine import EngineConfig
@@ -654,9 +655,23 @@ class _Runtime:
         )
 
     def _lag(self) -> int | str:
+        consumer = self.app.consumer
+        handled_at = dict(self.processor.next_offset)
+        # An assigned input partition that has handled nothing since assignment (one whose
+        # fetching stalled included) is behind by what lies past its committed offset: not
+        # counting it showed a stalled partition as lag=0.
+        try:
+            assigned = consumer.assignment()
+        except ConsumerNotStarted:  # a summary at a shutdown before the consumer started
+            assigned = set()
+        for tp in assigned:
+            if tp.topic == self.events_topic and tp.partition not in handled_at:
+                committed = faust_patches.committed_offset(consumer, tp)
+                if committed is not None:
+                    handled_at[tp.partition] = committed
         total = 0
-        for partition, handled in self.processor.next_offset.items():
-            end = faust_patches.end_offset(self.app.consumer, TP(self.events_topic, partition))
+        for partition, handled in handled_at.items():
+            end = faust_patches.end_offset(consumer, TP(self.events_topic, partition))
             if end is None:
                 return "unknown"
             if not self.caught_up(partition):  # caught up: only markers may be left

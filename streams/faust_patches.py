@@ -10,7 +10,11 @@ are then cleared, and the loop has already moved `_read_offset` past them: when 
 re-reads from the committed offset, those records are dropped as if delivered. The loop also
 marks forward jumps as acked ("gaps") one offset too far (including the record it is about to
 deliver), and the commit path (`_new_offset`, with `_add_gap`) commits past an unacked record
-at the head of a partition (upstream issue #606; its fix, PR #707, is not merged).
+at the head of a partition (upstream issue #606; its fix, PR #707, is not merged). And the
+consumer thread hands aiokafka Faust's live set of active partitions, which aiokafka reads as
+"every partition" while it is empty: during a recovery that reads the changelog, input records
+fetched after the seek to the committed offsets were returned while the input was still
+paused, dropped, and never read again (a partition stalled for good).
 
 Each patch below replaces one method with a copy of the 0.15.3 code changed as little as the fix
 needs; the comment on each says what upstream does wrong and why the change is right. They are
@@ -33,6 +37,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, NamedTuple, cast
 
+from aiokafka.errors import ConsumerStoppedError
 from faust.streams import _current_event
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as consumer_module
@@ -258,6 +263,69 @@ async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None
     self.log.info("Worker ready")
 
 
+class _ActivePartitions:
+    """Faust's live set of active partitions as aiokafka's `fetched_records` reads it: it asks
+    only `tp in partitions`, and an empty set would mean every partition, so this is never
+    empty to it (see `_fetch_records`)."""
+
+    __slots__ = ("_tps",)
+
+    def __init__(self, tps: set[TP]) -> None:
+        self._tps = tps
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._tps
+
+
+async def _fetch_records(
+    self: AIOKafkaConsumerThread,
+    consumer: Any,
+    active_partitions: set[TP] | None,
+    timeout: float | None = None,
+    max_records: int | None = None,
+) -> Any:
+    """`AIOKafkaConsumerThread._fetch_records` of 0.15.3, never asking aiokafka for every
+    partition when Faust has none active.
+
+    Faust hands the consumer thread its live set of active partitions (`_active_partitions`,
+    mutated by `pause_partitions`/`resume_partitions` on the worker's loop), and aiokafka's
+    `Fetcher.fetched_records(partitions)` reads an empty `partitions` as "every assigned
+    partition", on entry and each time it wakes from waiting for a fetch (up to the 1 s
+    timeout). When the changelog read of a recovery ends, recovery pauses the changelog
+    partitions while the input is still paused: the set is empty until the input is resumed.
+    A `fetched_records` call the fetch loop started while the changelog was active then
+    returns every input record aiokafka has fetched and moves aiokafka's positions past them;
+    Faust's `getmany` drops them (their partitions are not active) without a word. If that
+    happens after recovery's seek to the committed offsets (aiokafka runs the seek and the
+    fetch concurrently in its thread), nothing ever sets the position back: the partition
+    delivers nothing again and its commit never moves (the durability test's stall after a
+    restore from the changelog; without a changelog to read, the fetch loop is not running in
+    that window). Here an empty set returns nothing, and aiokafka only ever sees a view that
+    is never empty and drains the partitions active when it drains, not when it was called.
+
+    Records drained for a partition that is paused before Faust's `getmany` looks at them
+    are still dropped. Input partitions are paused only by a rebalance, and the recovery that
+    follows seeks them to their committed offsets (after the drain, so the position moves
+    back); changelog partitions are paused at the end of a changelog read, and the next
+    recovery seeks them to the table's persisted offsets.
+    """
+    if not self.consumer.flow_active:
+        return {}
+    fetcher = consumer._fetcher
+    if consumer._closed or fetcher._closed:
+        raise ConsumerStoppedError()
+    partitions: _ActivePartitions | None = None  # None: a client-only app reads every partition
+    if active_partitions is not None:
+        if not active_partitions:
+            return {}
+        partitions = _ActivePartitions(active_partitions)
+    with fetcher._subscriptions.fetch_context():
+        return await fetcher.fetched_records(partitions, timeout=timeout, max_records=max_records)
+
+
 def _read_committed(create: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap `AIOKafkaConsumerThread._create_worker_consumer` to read committed records only.
 
@@ -283,6 +351,7 @@ PATCHES: Final[tuple[tuple[type, str, Callable[..., Any]], ...]] = (
     (Consumer, "_add_gap", _add_gap),
     (Consumer, "_new_offset", _new_offset),
     (Recovery, "on_recovery_completed", _on_recovery_completed),
+    (AIOKafkaConsumerThread, "_fetch_records", _fetch_records),
     (
         AIOKafkaConsumerThread,
         "_create_worker_consumer",

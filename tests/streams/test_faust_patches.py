@@ -20,10 +20,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import faust
 import pytest
+from aiokafka.consumer.fetcher import Fetcher, FetchResult
+from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import ConsumerRecord
 from faust.tables.recovery import Recovery
 from faust.types import TP
@@ -48,6 +50,9 @@ SOURCE_SHA256 = {
     "Consumer._new_offset": "1d2c7ea89a7ad4f1a216c1d51936e569162cd66bd56f889e13fd29c910b58eb0",
     "Recovery.on_recovery_completed": (
         "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac"
+    ),
+    "AIOKafkaConsumerThread._fetch_records": (
+        "39a2c6c79fc1455a199629912b533458a720c64983bc957420a42feef6593baa"
     ),
     "AIOKafkaConsumerThread._create_worker_consumer": (
         "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7"
@@ -333,6 +338,201 @@ async def test_a_record_fetched_before_a_seek_back_is_read_again_not_past(patche
     # 4 was in delivery during the seek (it reached the buffer); everything from 2 follows.
     assert processed[:2] == [2, 3]
     assert processed[-(LOG_END - COMMITTED) :] == list(range(COMMITTED, LOG_END)), processed
+
+
+# --- recovery that read the changelog: the fetch loop's partition set emptied under aiokafka ---
+#
+# Here the fetch loop runs through the real fetch path down to aiokafka: Faust's `getmany`, its
+# consumer thread's `_fetch_records` and aiokafka's `Fetcher.fetched_records` over aiokafka's
+# own partition states and fetch results. Only the background fetch routine (which would fetch
+# from a broker) and the consumer thread (the calls run on the test's loop) are scripted.
+
+
+class _FetchedRecords:
+    """One fetch response for INPUT, iterated the way aiokafka's FetchResult reads one."""
+
+    def __init__(self, offsets: range) -> None:
+        self._records = iter([_record(o) for o in offsets])
+        self.next_fetch_offset = offsets[0]
+
+    def __iter__(self) -> _FetchedRecords:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        record = next(self._records)
+        self.next_fetch_offset = record.offset + 1
+        return record
+
+
+class ScriptedFetcher:
+    """aiokafka's Fetcher (its real `fetched_records` and `seek_to`) over a real
+    SubscriptionState; the test plays its background fetch routine with `fetch` and `wake`."""
+
+    def __init__(self) -> None:
+        self.subscriptions = SubscriptionState(loop=asyncio.get_running_loop())
+        self.subscriptions.assign_from_user({INPUT, CHANGELOG})
+        self.subscriptions.seek(INPUT, COMMITTED)
+        self.subscriptions.seek(CHANGELOG, 0)
+        fetcher = Fetcher.__new__(Fetcher)  # without its broker client and fetch routine
+        fetcher._subscriptions = self.subscriptions
+        fetcher._records = {}
+        fetcher._fetch_waiters = set()
+        fetcher._loop = asyncio.get_running_loop()
+        fetcher._closed = False
+        fetcher._wait_consume_future = None
+        self.fetcher = fetcher
+        self.notified: set[asyncio.Future[Any]] = set()
+
+    def position(self, tp: TP = INPUT) -> int:
+        return int(self.subscriptions.subscription.assignment.state_value(tp).position)
+
+    def waiting(self) -> bool:
+        """A `fetched_records` call is waiting for a fetch response (not one already woken)."""
+        return bool(self.fetcher._fetch_waiters - self.notified)
+
+    def fetch(self) -> None:
+        """A fetch response for INPUT from its position to the end of its log arrives."""
+        assignment = self.subscriptions.subscription.assignment
+        self.fetcher._records[INPUT] = FetchResult(
+            INPUT,
+            assignment=assignment,
+            partition_records=_FetchedRecords(range(self.position(), LOG_END)),
+            backoff=0,
+        )
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the waiting `fetched_records` calls, as any fetch response does."""
+        for waiter in list(self.fetcher._fetch_waiters):
+            self.notified.add(waiter)
+            self.fetcher._notify(waiter)
+
+
+def make_fetching_worker(workers: list[Worker]) -> tuple[Worker, ScriptedFetcher]:
+    """A consumer after a rebalance whose recovery reads the changelog: the changelog
+    partition active, the input paused, aiokafka's position on the input at its committed
+    offset, the fetch loop waiting on the changelog."""
+    app = faust.App(
+        "patch-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    consumer = app.consumer
+    scripted = ScriptedFetcher()
+    buffer = StreamBuffer()
+
+    async def seek_to_committed() -> dict[TP, int]:
+        # aiokafka seeks in the consumer's thread; its fetch routine then fetches the input
+        # from the committed offset, while the fetch loop's `fetched_records` call (started
+        # when the changelog was active) waits. The seek returns once that call has seen the
+        # fetch response: it then drained it or went back to waiting.
+        scripted.fetcher.seek_to(INPUT, COMMITTED)
+        returned = getmany_returned[0]
+        scripted.fetch()
+        await _wait_until(
+            lambda: getmany_returned[0] > returned or scripted.waiting(),
+            "the waiting fetch seeing the records",
+        )
+        return {INPUT: COMMITTED}
+
+    client = SimpleNamespace(
+        _fetcher=scripted.fetcher,
+        _closed=False,
+        _subscription=scripted.subscriptions,
+        _max_poll_records=None,  # as the worker's: the whole fetch response at once
+        _isolation_level=faust_patches.ISOLATION_LEVEL,
+        assignment=lambda: {INPUT, CHANGELOG},
+        highwater=lambda tp: LOG_END,
+        last_stable_offset=lambda tp: LOG_END,
+        seek_to_committed=seek_to_committed,
+    )
+    thread = consumer._thread
+    thread._consumer = client
+
+    async def call_thread(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        return await fun(*args, **kwargs)  # on this loop, not the consumer's thread
+
+    thread.call_thread = call_thread
+    getmany_returned = [0]
+    thread_getmany = consumer._getmany
+
+    async def getmany(active_partitions: set[TP], timeout: float) -> Any:
+        # A fetch waits until a fetch response arrives (`wake`), not a second, so the
+        # scenario does not depend on how fast the test runs.
+        try:
+            return await thread_getmany(active_partitions, SCENARIO_TIMEOUT_S)
+        finally:
+            getmany_returned[0] += 1  # Faust's getmany has filtered what this returned
+
+    consumer._getmany = getmany
+    consumer.callback = buffer.deliver
+    consumer._active_partitions = {CHANGELOG}  # recovery resumed the changelog only
+    consumer._paused_partitions = {INPUT}
+    worker = Worker(consumer, cast(Any, scripted), buffer, app)
+    workers.append(worker)
+    return worker, scripted
+
+
+async def recover_after_reading_the_changelog(
+    worker: Worker, scripted: ScriptedFetcher, *, then: Any
+) -> Any:
+    """Recovery from the end of the changelog read with the fetch loop running; returns what
+    `then(processed)` returns, `processed` being the input offsets the agent got."""
+    consumer = worker.consumer
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    loop = asyncio.ensure_future(consumer._drain_messages(fetcher))
+    try:
+        await _wait_until(scripted.waiting, "the fetch loop waiting on the changelog")
+        consumer.pause_partitions({CHANGELOG})  # "Done reading from changelog topics"
+        await Recovery.on_recovery_completed(fake_recovery(worker), 0)
+        scripted.wake()  # another partition's fetch response
+        return await then(worker.buffer)
+    finally:
+        fetcher._stopped.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_input_fetched_while_no_partition_is_active_is_delivered_after_resume(
+    patched, workers
+):
+    """The durability test's stall: every input record from the committed offset is
+    delivered, though aiokafka fetched them while Faust had no active partition.
+
+    Between "Done reading from changelog topics" (the changelog paused) and resuming the
+    input, Faust's set of active partitions is empty. A `fetched_records` call the fetch loop
+    made while the changelog was active was given that set itself, and aiokafka reads an
+    empty set as "every partition": it returned the input records fetched after the seek to
+    the committed offset and moved its position past them; Faust's `getmany` then dropped
+    them (the input was not active), and nothing ever read them again.
+    """
+    worker, scripted = make_fetching_worker(workers)
+
+    async def take_all(buffer: StreamBuffer) -> list[int]:
+        processed: list[int] = []
+
+        def all_delivered() -> bool:
+            processed.extend(buffer.take())
+            return len(processed) >= LOG_END - COMMITTED
+
+        await _wait_until(all_delivered, "delivering the input from the committed offset")
+        return processed
+
+    processed = await recover_after_reading_the_changelog(worker, scripted, then=take_all)
+    assert processed == list(range(COMMITTED, LOG_END))
+    assert scripted.position() == LOG_END
+
+
+async def test_upstream_drains_the_input_while_no_partition_is_active(upstream, workers):
+    """Faust 0.15.3 + aiokafka 0.14.0: the input records fetched after the seek are returned
+    to the paused consumer, dropped, and aiokafka's position is past them: a stall."""
+    worker, scripted = make_fetching_worker(workers)
+
+    async def state(buffer: StreamBuffer) -> tuple[list[int], int, bool]:
+        return list(buffer.items), scripted.position(), INPUT in scripted.fetcher._records
+
+    delivered, position, buffered = await recover_after_reading_the_changelog(
+        worker, scripted, then=state
+    )
+    assert (delivered, position, buffered) == ([], LOG_END, False)
 
 
 # --- commits: gaps and the head of the acked offsets (#606) ------------------------------------
