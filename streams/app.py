@@ -455,6 +455,7 @@ class _Runtime:
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
         if not await self._may_write():
+            faust_patches.abandon(self.app.consumer, events)
             return []  # fenced: nothing written, nothing acked; the owners re-read it
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
@@ -468,6 +469,7 @@ class _Runtime:
         await asyncio.gather(*sent)
         self.faults.reached("outputs")
         if not await self._may_write():
+            faust_patches.abandon(self.app.consumer, events)
             return []
         writes = list(batch.writes())
         for key, value, context in writes:
@@ -502,7 +504,8 @@ class _Runtime:
         zombie. Kafka cannot fence it without transactions, so the worker fences itself: when
         its loop was stalled for more than half the session timeout (`Lease`), it writes
         nothing until it knows. A rebalance within one session timeout means it lost the
-        group: the batch is dropped unwritten and unacked (the partitions' owners re-read it
+        group: the batch is dropped unwritten and unacknowledged, and taken off Faust's
+        in-flight set so the rebalance does not wait for it (the partitions' owners re-read it
         from the committed offsets). No rebalance in that time: it is still a member.
         """
         stalled = self.lease.stalled_s()

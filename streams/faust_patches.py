@@ -508,4 +508,18 @@ def end_offset(consumer: Any, tp: TP) -> int | None:
     return None if value is None else int(value)
 
 
+def abandon(consumer: Any, events: Any) -> None:
+    """Forget `events` as in flight without acknowledging them.
+
+    For a batch the worker must not apply (it lost its partitions while frozen): Faust's
+    rebalance waits until every delivered message is acknowledged (`wait_empty`), and an
+    acknowledgement could let a commit pass input nobody applied. Taken off the unacked set
+    instead, the messages hold up nothing and commit nothing; the partitions' owners re-read
+    them from the committed offsets.
+    """
+    unacked = consumer._unacked_messages
+    for event in events:
+        unacked.discard(event.message)
+
+
 apply()
