@@ -99,7 +99,12 @@ class FaustTable(Table):
         with on_partition_of(context):
             self.table.data[key] = value
 
-    async def send_changelog(self, producer: Any, writes: list[tuple[bytes, bytes, Any]]) -> None:
+    async def send_changelog(
+        self,
+        producer: Any,
+        writes: list[tuple[bytes, bytes, Any]],
+        before_sending: Callable[[], None] = lambda: None,
+    ) -> None:
         """Send the changelog records of values just stored and wait for the broker.
 
         The records go straight to the producer (Faust's per-record `send_soon` path and its
@@ -113,6 +118,7 @@ class FaustTable(Table):
             await producer.send(topic, key, value, context.message.partition, None, None)
             for key, value, context in writes
         ]
+        before_sending()  # queued, not yet on the wire: nothing has yielded to the sender
         await producer.flush()
         last: dict[int, int] = {}
         for metadata in await asyncio.gather(*futures):
@@ -181,6 +187,10 @@ def fence_stale_changelog_records(
             )
 
     table.apply_changelog_batch = apply_newer
+
+
+EXIT_FENCED: Final = 75
+"""Exit code of a worker that stopped itself after a freeze (sysexits EX_TEMPFAIL: restart)."""
 
 
 class Lease:
@@ -478,7 +488,7 @@ class _Runtime:
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
-            await self.table.send_changelog(producer, writes)
+            await self.table.send_changelog(producer, writes, self._unless_frozen)
         except Exception as exc:
             log.critical(
                 "a state's changelog record was not delivered (%s: %s): stopping the worker. "
@@ -530,6 +540,22 @@ class _Runtime:
             await asyncio.sleep(0.05)
         self.lease.renew()
         return True
+
+    def _unless_frozen(self) -> None:
+        """Exit at once if the process was frozen past its session timeout while it queued
+        changelog records: sent now, they would land after the new owner's (a zombie's
+        writes). The records are still in the producer's queue, so exiting sends none; the
+        inputs are redelivered to whoever owns the partitions (a supervisor restarts this
+        worker). A batch that merely took that long is rare, and a restart is safe for it."""
+        stalled = time.monotonic() - self.lease.renewed
+        if stalled > self.settings.session_timeout_s:
+            log.critical(
+                "the worker was frozen for %.1f s while writing its changelog: exiting without "
+                "sending it (its partitions have new owners)",
+                stalled,
+            )
+            logging.shutdown()
+            os._exit(EXIT_FENCED)
 
     def _expect_committed(self, messages: list[InMessage]) -> None:
         """A partition's first input after (re)assignment is expected at its committed offset

@@ -60,6 +60,16 @@ class Fleet:
     def stopped(self) -> list[int]:
         return [n for n, w in enumerate(self.workers) if not w.running and n not in self.busy]
 
+    async def restart_fenced(self) -> None:
+        """Restart workers that stopped themselves after a freeze (exit code 75, EX_TEMPFAIL:
+        `streams.app.EXIT_FENCED`), as a process supervisor would."""
+        for n, worker in enumerate(self.workers):
+            process = worker.process
+            if n in self.down or n in self.busy or process is None or process.poll() != 75:
+                continue
+            self.note(f"{self.name(n)} exited after a freeze (rc 75): restarting it")
+            await self.start(n)
+
     def check_exits(self) -> None:
         """Record workers that exited on their own (not stopped or killed by a step)."""
         for n, worker in enumerate(self.workers):
@@ -174,6 +184,7 @@ class Chaos:
                 pass
             else:
                 break
+            await self.fleet.restart_fenced()
             self.fleet.check_exits()
             if self._broker_due():
                 await self._restart_broker()

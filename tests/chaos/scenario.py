@@ -274,6 +274,7 @@ class Run:
             TopicReader(dep.bootstrap, [dep.changelog]) as changelog,
         ):
             while True:
+                await fleet.restart_fenced()
                 fleet.check_exits()
                 out_records = await outputs.read_to_end()
                 letters = await dlq.read_to_end()
