@@ -69,6 +69,7 @@ from bench.synthetic import FILLER, START, clickstream, closing_marks, event_nam
 from engine import EngineConfig, Event, replay
 from infra.broker import Broker, rss_bytes, start_broker, tied_to_parent
 from schemas.config import load_config
+from schemas.events import encode_event
 from streams.admin import ensure_topics_async
 from streams.app import STATE_TABLE
 from streams.topics import TopicSpec, product_topics
@@ -128,17 +129,6 @@ def say(message: str) -> None:
 
 
 # --- events -----------------------------------------------------------------------------------
-
-
-def encode_event(event: Event) -> bytes:
-    """The input message for `event`, as `oracular produce` writes it (msgpack)."""
-    message: dict[str, Any] = {"user": event.user, "ts": event.at, "type": event.type}
-    for name in ("name", "intent", "id"):
-        value = getattr(event, name)
-        if value is not None:
-            message[name] = value
-    packed: bytes = msgpack.packb(message)
-    return packed
 
 
 def every_user(config: EngineConfig, users: int, per_user: int, seed: int = 5) -> list[Event]:

@@ -126,6 +126,29 @@ class IgnoredMessage(SchemaError):
     """A well-formed message that carries no event for the engine (Segment identify, ...)."""
 
 
+def event_message(event: Event, **extra: Any) -> dict[str, Any]:
+    """The native input message of `event` (what `decode_event` reads back), plus `extra`
+    fields (producers' own analytics properties, which the worker ignores)."""
+    message: dict[str, Any] = {"user": event.user, "ts": event.at}
+    if event.type != "event":
+        message["type"] = event.type
+    for name in ("name", "intent", "id"):
+        value = getattr(event, name)
+        if value is not None:
+            message[name] = value
+    message.update(extra)
+    return message
+
+
+def encode_event(event: Event, *, as_json: bool = False, **extra: Any) -> bytes:
+    """`event` as an input message's bytes: msgpack (the default) or JSON."""
+    message = event_message(event, **extra)
+    if as_json:
+        return json.dumps(message, separators=(",", ":")).encode()
+    packed: bytes = msgpack.packb(message)
+    return packed
+
+
 def decode_event(raw: bytes, *, fallback_ts: int | None = None) -> Event:
     """Decode one message's bytes (JSON if it starts with an ASCII byte, else msgpack).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any, TextIO
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from schemas.events import encode_event
 from schemas.files import file_format, read_lines
 from schemas.outputs import decode_output
 from streams.progress import Progress
@@ -48,14 +50,11 @@ async def produce_file(
     await producer.start()
     try:
         for n, event in enumerate(events, start=1):
-            message = {"user": event.user, "ts": event.at + shift, "type": event.type}
-            for field in ("name", "intent", "id"):
-                if getattr(event, field) is not None:
-                    message[field] = getattr(event, field)
+            shifted = dataclasses.replace(event, at=event.at + shift)
             # The record timestamp is the event time, so `backfill --since` finds it.
             await producer.send(
                 topic,
-                msgpack.packb(message),
+                encode_event(shifted),
                 key=event.user.encode(),
                 timestamp_ms=event.at + shift,
             )

@@ -21,6 +21,7 @@ import msgpack
 
 from bench.synthetic import FILLER, event_names
 from engine import EngineConfig, Event
+from schemas.events import encode_event
 
 BAD_KINDS = (
     "invalid_json",  # a JSON object cut short
@@ -106,7 +107,7 @@ def place(messages: list[Message], start_ms: int) -> list[Message]:
             e = m.event
             event = Event(e.user, at, name=e.name, type=e.type, intent=e.intent, id=e.id)
             as_json = m.value[:1] == b"{"
-            placed.append(Message(at, m.key, _encode(event, as_json=as_json), event=event))
+            placed.append(Message(at, m.key, encode_event(event, as_json=as_json), event=event))
         else:
             placed.append(Message(at, m.key, _rebase(m.value, at), bad=m.bad))
     return placed
@@ -123,7 +124,7 @@ def sentinels(partitions: int, at: int, partition_of: object) -> list[Message]:
     out = []
     for p in range(partitions):
         event = Event(found[p], at, name="page.viewed", id=f"sentinel-{p}")
-        out.append(Message(at, event.user.encode(), _encode(event, as_json=False), event=event))
+        out.append(Message(at, event.user.encode(), encode_event(event), event=event))
     return out
 
 
@@ -153,21 +154,7 @@ def _good(n: int, item: tuple[int, int, str, str | None], rng: random.Random) ->
     else:
         event = Event(uid, at, type="end", id=f"c{n}")
     as_json = rng.random() < JSON_SHARE
-    return Message(at, uid.encode(), _encode(event, as_json=as_json), event=event)
-
-
-def _encode(event: Event, *, as_json: bool) -> bytes:
-    message: dict[str, object] = {"id": event.id, "user": event.user, "ts": event.at}
-    if event.type != "event":
-        message["type"] = event.type
-    if event.name is not None:
-        message["name"] = event.name
-    if event.intent is not None:
-        message["intent"] = event.intent
-    if as_json:
-        return json.dumps(message, separators=(",", ":")).encode()
-    packed: bytes = msgpack.packb(message)
-    return packed
+    return Message(at, uid.encode(), encode_event(event, as_json=as_json), event=event)
 
 
 def _mean_session() -> float:

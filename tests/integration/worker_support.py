@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
@@ -26,6 +25,7 @@ from aiokafka.structs import RecordMetadata
 from bench.synthetic import FILLER, clickstream, closing_marks
 from engine import END_OF_TIME, EngineConfig, Event, close_if_due, serialize
 from schemas.config import load_config
+from schemas.events import encode_event as schema_encode_event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
 from streams.admin import ensure_topics_async
@@ -194,16 +194,8 @@ def encode_event(event: Event, *, properties: int = 0) -> tuple[bytes, bytes]:
     `properties` > 0 adds that many 400-character analytics properties (about 0.4 KB each),
     which the worker ignores, as producers' extra fields are.
     """
-    message: dict[str, Any] = {"id": event.id, "user": event.user, "ts": event.at}
-    if event.type != "event":
-        message["type"] = event.type
-    if event.name is not None:
-        message["name"] = event.name
-    if event.intent is not None:
-        message["intent"] = event.intent
-    if properties:
-        message["properties"] = {f"p{n}": "x" * 400 for n in range(properties)}
-    return event.user.encode(), msgpack.packb(message)
+    extra = {"properties": {f"p{n}": "x" * 400 for n in range(properties)}} if properties else {}
+    return event.user.encode(), schema_encode_event(event, **extra)
 
 
 async def produce_many(
