@@ -240,7 +240,9 @@ async def main_async(args: argparse.Namespace) -> int:
     broker = None
     bootstrap = args.broker
     if bootstrap is None:
-        broker = start_broker(base / "kafka", port=None, stop_with_parent=True)
+        broker = await asyncio.to_thread(
+            start_broker, base / "kafka", port=None, stop_with_parent=True
+        )
         bootstrap = broker.bootstrap
     try:
         config = load_config(CONFIG)
