@@ -54,6 +54,7 @@ test-fast: setup ## the tests that need no broker
 # minutes, its own broker (restarted once), logs of the last run kept in var/chaos/.
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
 chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
+	@mkdir -p var
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
 		--basetemp=var/chaos $(PYTEST_ARGS)
 
