@@ -114,11 +114,13 @@ class FaustTable(Table):
         delivery raises.
         """
         topic = self.table.changelog_topic.get_topic_name()
-        futures = [
-            await producer.send(topic, key, value, context.message.partition, None, None)
-            for key, value, context in writes
-        ]
-        before_sending()  # queued, not yet on the wire: nothing has yielded to the sender
+        futures = []
+        for key, value, context in writes:
+            before_sending()  # a send may yield to the loop: check before each one
+            futures.append(
+                await producer.send(topic, key, value, context.message.partition, None, None)
+            )
+        before_sending()  # queued, not yet flushed
         await producer.flush()
         last: dict[int, int] = {}
         for metadata in await asyncio.gather(*futures):
@@ -204,6 +206,9 @@ class Lease:
         """Doubt membership after a stall longer than `limit_s`."""
         self.limit_s = limit_s
         self.renewed = time.monotonic()
+        self.stalls = 0
+        """Stalls seen so far (each counted once)."""
+        self.counted = False
         self.stalled_since_rebalance = False
         """A stall was seen since the last rebalance: this worker may have been a zombie, so
         its local copies of the partitions it loses are not trusted (`_Runtime.revoked`)."""
@@ -211,11 +216,15 @@ class Lease:
     def renew(self) -> None:
         """The loop is running now."""
         self.renewed = time.monotonic()
+        self.counted = False
 
     def stalled_s(self) -> float | None:
         """How long the loop was stalled, when that is longer than the limit; else None."""
         stalled = time.monotonic() - self.renewed
         if stalled > self.limit_s:
+            if not self.counted:
+                self.stalls += 1
+                self.counted = True
             self.stalled_since_rebalance = True
             return stalled
         return None
@@ -450,6 +459,7 @@ class _Runtime:
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
+        self._stalls_seen = 0
         self.repairs: dict[int, set[bytes]] = {}
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
 
@@ -481,6 +491,7 @@ class _Runtime:
         if not await self._may_write():
             faust_patches.abandon(self.app.consumer, events)
             return []
+        self._stalls_seen = self.lease.stalls
         writes = list(batch.writes())
         for key, value, context in writes:
             self.table.set(key, value, context)
@@ -542,13 +553,18 @@ class _Runtime:
         return True
 
     def _unless_frozen(self) -> None:
-        """Exit at once if the process was frozen past its session timeout while it queued
-        changelog records: sent now, they would land after the new owner's (a zombie's
-        writes). The records are still in the producer's queue, so exiting sends none; the
-        inputs are redelivered to whoever owns the partitions (a supervisor restarts this
-        worker). A batch that merely took that long is rare, and a restart is safe for it."""
-        stalled = time.monotonic() - self.lease.renewed
-        if stalled > self.settings.session_timeout_s:
+        """Exit at once if the process was frozen (stalled past the lease's limit) since the
+        batch last confirmed it may write: sent now, its changelog records could land after
+        a new owner's (a zombie's writes). Checked before each record is queued, so exiting
+        sends none of them; the inputs are redelivered to whoever owns the partitions (a
+        supervisor restarts this worker). A batch that merely took that long is rare, and a
+        restart is safe for it."""
+        lease = self.lease
+        stalled = lease.stalled_s()
+        if stalled is not None or lease.stalls != self._stalls_seen:
+            # Frozen since the last check (the loop may have run since, when queueing the
+            # records had to wait, and renewed the lease: the count still shows it).
+            stalled = stalled or time.monotonic() - lease.renewed
             log.critical(
                 "the worker was frozen for %.1f s while writing its changelog: exiting without "
                 "sending it (its partitions have new owners)",
