@@ -12,6 +12,7 @@ supervisor or orchestrator restarts the whole unit, and the group rebalances mea
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,10 @@ def child_environments(
 def run_processes(argv: Sequence[str], environments: Sequence[Mapping[str, str]]) -> int:
     """Start one `oracular worker` per environment with `argv`; supervise until they end."""
     children = [
-        subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", *argv], env=dict(env))
+        subprocess.Popen(
+            _dying_with_parent([sys.executable, "-m", "streams.cli", "worker", *argv]),
+            env=dict(env),
+        )
         for env in environments
     ]
     stopping = False
@@ -82,6 +86,14 @@ def run_processes(argv: Sequence[str], environments: Sequence[Mapping[str, str]]
                 children[i].kill()
         time.sleep(0.2)
     return code if code >= 0 else 128 - code
+
+
+def _dying_with_parent(cmd: list[str]) -> list[str]:
+    """`cmd` run so that it gets SIGTERM when this supervisor dies (a SIGKILLed supervisor
+    must not leave workers running without it): util-linux's `setpriv --pdeathsig`, which
+    execs `cmd` in place (same pid); without setpriv, `cmd` as it is."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
 
 
 def main_env() -> dict[str, str]:
