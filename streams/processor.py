@@ -641,10 +641,6 @@ class Processor:
         """Start `partition` at `offset` (its committed offset) unless it is known already."""
         self.next_offset.setdefault(partition, offset)
 
-    def assigned(self, partition: int, wall_ms: int) -> None:
-        """The partition is (again) this worker's: its idle time starts now."""
-        self._clock(partition).last_input_wall = wall_ms
-
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop the time, index and cached users of partitions this worker no longer owns."""
         partitions = list(partitions)
