@@ -474,14 +474,23 @@ class _Runtime:
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
         self._stalls_seen = 0
+        self._fenced_in: int | None = None
+        """The generation a batch was dropped in; until a newer one, nothing is written."""
         self.repairs: dict[int, set[bytes]] = {}
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
         all of them, since every message is applied, skipped as a duplicate or dead-lettered."""
-        batch = self.processor.batch(self.table)
         generation = self.app.consumer_generation_id  # the group generation it was read in
+        if self._fenced_in is not None:
+            if generation == self._fenced_in:
+                # Read before the rebalance this worker was told about: its partitions may be
+                # someone else's by now, and it holds no assignment to write for yet.
+                faust_patches.abandon(self.app.consumer, events)
+                return []
+            self._fenced_in = None  # assigned anew (and sought to the committed offsets)
+        batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
         messages = await fill_holes(
@@ -490,8 +499,7 @@ class _Runtime:
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
         if not await self._may_write(generation):
-            faust_patches.abandon(self.app.consumer, events)
-            return []  # fenced: nothing written, nothing acked; the owners re-read it
+            return self._fence(generation, events)
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
         # so a failed delivery raises here, before any state records the inputs as applied.
@@ -504,8 +512,7 @@ class _Runtime:
         await asyncio.gather(*sent)
         self.faults.reached("outputs")
         if not await self._may_write(generation):
-            faust_patches.abandon(self.app.consumer, events)
-            return []
+            return self._fence(generation, events)
         self._stalls_seen = self.lease.stalls
         writes = list(batch.writes())
         for key, value, context in writes:
@@ -533,6 +540,14 @@ class _Runtime:
         if self.backfill is not None:
             self._backfill_progress(messages)
         return events
+
+    def _fence(self, generation: int, events: list[Any]) -> list[Any]:
+        """Drop a batch unwritten and unacknowledged (the partitions' owners re-read it), and
+        every batch after it until this worker is assigned partitions in a newer generation:
+        whatever it read before that may belong to another worker by now."""
+        faust_patches.abandon(self.app.consumer, events)
+        self._fenced_in = generation
+        return []
 
     async def _may_write(self, generation: int) -> bool:
         """False when this worker was paused long enough to have lost its partitions.
