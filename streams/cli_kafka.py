@@ -46,11 +46,7 @@ def _add_worker(commands: Any) -> None:
         "  ORACULAR_PARTITIONS=16 oracular worker --config cfg.yaml --datadir /data/w1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument(
-        "--config",
-        required=not os.environ.get("ORACULAR_CONFIG"),
-        help="the engine config (required unless ORACULAR_CONFIG is set)",
-    )
+    worker.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
     for flag, var, what in WORKER_FLAGS:
         worker.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
     worker.add_argument("--loglevel", default="info", help="Faust log level (default info)")
