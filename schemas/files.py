@@ -159,7 +159,8 @@ _CSV_ROLES: Final = (
 
 def _csv(handle: BinaryIO, columns: CsvColumns) -> Iterator[Parsed]:
     """Rows of a CSV file with a header; the mapped columns become a native event."""
-    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
+    # utf-8-sig: spreadsheet exports often start with a byte order mark, which is no column name.
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
     try:
         yield from _csv_rows(_PhysicalLines(text), columns)
     finally:

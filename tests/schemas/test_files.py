@@ -179,3 +179,10 @@ def test_a_msgpack_message_that_is_not_a_map_says_what_it_is():
         "message 2: a msgpack array, not a map: each message must be a map",
         "message 3: a msgpack string, not a map: each message must be a map",
     ]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name():
+    """Spreadsheet exports start with one; `user_id` is still found."""
+    data = f"\ufeff{HEADER}\nu1,a,{TS}\n".encode()
+    lines = list(read_lines(io.BytesIO(data), "csv", SHOP))
+    assert _users(lines) == ["u1"]
