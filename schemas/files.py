@@ -206,8 +206,8 @@ class _PhysicalLines:
 
 
 def _reader(lines: _PhysicalLines) -> Any:
-    # strict: a quote inside an unquoted field, or text after a closing quote, is an error
-    # (instead of being read as text), and so is a quoted field the end of the file cuts.
+    # strict: text after a closing quote (`"a"b`) is an error instead of being joined to the
+    # field, and so is a quoted field that the end of the file cuts.
     return csv.reader(lines, strict=True)
 
 
