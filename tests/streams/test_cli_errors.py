@@ -7,6 +7,7 @@ connection is answered at once; the bound below is only a guard against a hang).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -208,8 +209,6 @@ def test_produce_takes_the_same_input_flags_as_replay():
 
 def test_the_faust_worker_has_no_spinner_when_stdout_is_not_a_terminal(monkeypatch, tmp_path):
     """Faust's spinner writes cursor codes and backspaces to a file or pipe: none there."""
-    import io
-
     import faust
 
     from streams.cli_kafka import faust_worker
@@ -225,3 +224,21 @@ def test_operations_doc_lists_every_worker_flag():
     flags = {a.option_strings[0] for a in commands["worker"]._actions if a.option_strings}
     missing = sorted(f for f in flags - {"-h"} if not re.search(re.escape(f) + r"(?![\w-])", doc))
     assert missing == []
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_uses_carriage_returns_only_on_a_terminal():
+    from streams.progress import Progress
+
+    for stream, control in ((io.StringIO(), False), (_Terminal(), True)):
+        progress = Progress("backfill", total=10, unit="messages", stream=stream)
+        progress.advance(10, 10)
+        progress.close()
+        text = stream.getvalue()
+        assert text.rstrip("\n").endswith("100.0% eta 0s")
+        assert ("\r" in text) is control
+        assert "\x1b" not in text and "\b" not in text
