@@ -13,42 +13,61 @@ from typing import Any, TextIO
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
+from engine import Event
 from schemas.events import encode_event
-from schemas.files import file_format, read_lines
+from schemas.files import CsvColumns, FileFormat, read_lines
 from schemas.outputs import decode_output
+from streams.admin import BrokerError, no_broker_message, quiet_aiokafka
 from streams.progress import Progress
 
 
-async def produce_file(
-    bootstrap: str,
-    topic: str,
-    path: Path,
-    *,
-    now_ms: int | None = None,
-    client: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-) -> tuple[int, int]:
-    """Send every event of `path` to `topic` as msgpack, keyed by user (murmur2).
-
-    With `now_ms`, times are shifted so the file's last event happens at `now_ms` (a demo
-    then sees live timeouts); gaps between events are kept.
+def read_events(
+    path: Path, fmt: FileFormat, columns: CsvColumns | None = None
+) -> tuple[list[Event], int]:
+    """The events of a file, for `produce`; each unusable line is reported on stderr.
 
     Returns:
-        (sent, skipped): skipped lines are reported on stderr with their line number.
+        (events, skipped): skipped lines were reported with their line number.
+
+    Raises:
+        EventFileError: the file cannot be read at all (a CSV header without a mapped column).
     """
     with path.open("rb") as handle:
-        lines = list(read_lines(handle, file_format(path)))
+        lines = list(read_lines(handle, fmt, columns))
     events = [line.event for line in lines if line.event is not None]
     for line in lines:
         if line.event is None and not line.ignored:
             print(f"oracular produce: skipped {line.error}", file=sys.stderr)
+    return events, len(lines) - len(events)
+
+
+async def produce_events(
+    bootstrap: str,
+    topic: str,
+    events: Sequence[Event],
+    *,
+    now_ms: int | None = None,
+    client: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Send `events` to `topic` as msgpack, keyed by user (murmur2); returns how many.
+
+    With `now_ms`, times are shifted so the last event happens at `now_ms` (a demo then sees
+    live timeouts); gaps between events are kept. The caller checked the broker and the topic
+    (`streams.admin.require_broker`).
+
+    Raises:
+        BrokerError: the broker went away.
+    """
     shift = 0 if now_ms is None or not events else now_ms - max(e.at for e in events)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(client or {})
     )
-    await producer.start()
     try:
+        with quiet_aiokafka():
+            await producer.start()
         for n, event in enumerate(events, start=1):
             shifted = dataclasses.replace(event, at=event.at + shift)
             # The record timestamp is the event time, so `backfill --since` finds it.
@@ -61,9 +80,14 @@ async def produce_file(
             if progress is not None:
                 progress.advance(n)
         await producer.flush()
+    except KafkaConnectionError as exc:
+        raise BrokerError(no_broker_message(bootstrap)) from exc
+    except KafkaError as exc:
+        msg = f"sending to {topic} on {bootstrap} failed: {exc}"
+        raise BrokerError(msg) from exc
     finally:
         await producer.stop()
-    return len(events), len(lines) - len(events)
+    return len(events)
 
 
 async def tail_topics(
@@ -117,8 +141,15 @@ def _line(topic: str, value: bytes | None) -> str:
 
 
 def run(coro: Any) -> Any:
-    """asyncio.run, with Ctrl-C ending quietly."""
+    """asyncio.run, with Ctrl-C ending quietly.
+
+    Raises:
+        BrokerError: an aiokafka client could not reach the broker (rather than its traceback).
+    """
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:
         return None
+    except KafkaConnectionError as exc:
+        msg = f"lost the broker: {exc}. Is it up? (`make broker-up` starts the local one)"
+        raise BrokerError(msg) from exc
