@@ -221,7 +221,9 @@ class Lease:
         self.limit_s = limit_s
         self.renewed = time.monotonic()
         self.stalls = 0
-        """Stalls seen so far (each counted once)."""
+        """Stalls seen so far (each counted once, by whichever check noticed it first)."""
+        self.last_stall_s = 0.0
+        """How long the last stall lasted (as far as seen when it was noticed)."""
         self.counted = False
         self.stalled_since_rebalance = False
         """A stall was seen since the last rebalance: this worker may have been a zombie, so
@@ -239,6 +241,7 @@ class Lease:
             if not self.counted:
                 self.stalls += 1
                 self.counted = True
+            self.last_stall_s = stalled
             self.stalled_since_rebalance = True
             return stalled
         return None
@@ -474,6 +477,7 @@ class _Runtime:
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
         self._stalls_seen = 0
+        """The lease's stall count when membership was last known (writes need it current)."""
         self._fenced_in: int | None = None
         """The generation a batch was dropped in; until a newer one, nothing is written."""
         self.repairs: dict[int, set[bytes]] = {}
@@ -513,7 +517,6 @@ class _Runtime:
         self.faults.reached("outputs")
         if not await self._may_write(generation):
             return self._fence(generation, events)
-        self._stalls_seen = self.lease.stalls
         writes = list(batch.writes())
         for key, value, context in writes:
             self.table.set(key, value, context)
@@ -565,14 +568,16 @@ class _Runtime:
         not answer it keeps asking: writing on a guess is what a zombie does. A stall during
         the confirmation starts it again.
         """
-        stalled = self.lease.stalled_s()
-        if stalled is None:
-            return True
+        lease = self.lease
+        if lease.stalled_s() is None and lease.stalls == self._stalls_seen:
+            return True  # no stall since membership was last known
+        # (The lease task may have noticed the stall first and renewed the lease since: the
+        # count still shows it, which is why the count is compared, not only the lease.)
         app = self.app
         log.warning(
             "the worker was paused for %.1f s (over half the session timeout): confirming it "
             "still belongs to its group before writing",
-            stalled,
+            lease.last_stall_s,
         )
         waited_since = time.monotonic()
         while True:
@@ -586,6 +591,7 @@ class _Runtime:
             if self.lease.stalled_s() is not None or self.lease.stalls != stalls:
                 continue  # frozen again while asking: the answer may predate an eviction
             if answer == faust_patches.MEMBER:
+                self._stalls_seen = stalls
                 return True
             if answer in (faust_patches.LOST, faust_patches.REBALANCING):
                 self.processor.counts["fenced_batches"] += 1

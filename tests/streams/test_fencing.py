@@ -149,6 +149,7 @@ def _runtime(app: _App) -> Any:
     runtime = _Runtime.__new__(_Runtime)
     runtime.app, runtime.settings = app, _Settings()
     runtime.lease = Lease(0.1)
+    runtime._stalls_seen = 0
     runtime.processor = SimpleNamespace(counts=Counter())
     return runtime
 
@@ -299,3 +300,16 @@ async def test_after_a_dropped_batch_nothing_is_applied_until_a_new_assignment()
     assert await runtime.run_batch(dropped[1:]) == []
     assert app.consumer._unacked_messages == set()
     assert runtime._fenced_in == 7
+
+
+async def test_a_stall_the_lease_task_noticed_first_still_needs_the_coordinators_word():
+    """After SIGCONT the lease task may run before the batch does and renew the lease: the
+    stall count still shows the freeze (a chaos run caught a zombie writing this way)."""
+    app = _App([25])
+    runtime = _runtime(app)
+    runtime._stalls_seen = runtime.lease.stalls
+    runtime.lease.renewed -= 5
+    runtime.lease.stalled_s()  # what `Lease.keep` does first ...
+    runtime.lease.renew()  # ... then renews
+    assert not await runtime._may_write(7)
+    assert app.coordinator.asked == [(7, "m-1")]
