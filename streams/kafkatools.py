@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
+import io
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -15,8 +15,9 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas.events import encode_event
-from schemas.files import file_format, read_lines
+from schemas.files import file_format, read_lines, write_jsonl
 from schemas.outputs import decode_output
+from streams.pretty import Tally, format_message
 from streams.progress import Progress
 
 
@@ -66,6 +67,20 @@ async def produce_file(
     return len(events), len(lines) - len(events)
 
 
+class MissingTopicsError(Exception):
+    """`tail` was asked for topics the broker does not have."""
+
+    def __init__(self, missing: Sequence[str], outputs: Sequence[str]) -> None:
+        super().__init__(", ".join(missing))
+        self.missing = list(missing)
+        self.outputs = list(outputs)
+        """The broker's topics that look like outputs (hints)."""
+
+
+QUIET_S = 5.0
+"""With `--pretty`, a tally is printed once the outputs have been quiet this long."""
+
+
 async def tail_topics(
     bootstrap: str,
     topics: Sequence[str],
@@ -75,10 +90,16 @@ async def tail_topics(
     idle_s: float | None,
     out: TextIO,
     client: Mapping[str, Any] | None = None,
+    tally: Tally | None = None,
 ) -> int:
-    """Print output messages as they arrive, one JSON line each, until `limit` or `idle_s`."""
+    """Print output messages as they arrive, until `limit` or `idle_s`: one JSON line each, or,
+    with `tally`, one readable line each (streams/pretty.py), counted in `tally`, whose running
+    summary goes to stderr whenever the outputs fall quiet for `QUIET_S`.
+
+    Raises:
+        MissingTopicsError: a topic is not on the broker (a typo, or the wrong prefix/suffix).
+    """
     consumer = AIOKafkaConsumer(
-        *topics,
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
@@ -88,15 +109,32 @@ async def tail_topics(
     await consumer.start()
     shown = 0
     last = time.monotonic()
+    noted = True  # nothing shown since the last quiet note
     try:
+        available = await consumer.topics()
+        missing = [t for t in topics if t not in available]
+        if missing:
+            hints = sorted(t for t in available if any(w in t for w in _OUTPUT_WORDS))
+            raise MissingTopicsError(missing, hints)
+        consumer.subscribe(topics=list(topics))
         while limit is None or shown < limit:
             batches = await consumer.getmany(timeout_ms=500)
             records = [r for batch in batches.values() for r in batch]
-            if not records and idle_s is not None and time.monotonic() - last > idle_s:
+            quiet = time.monotonic() - last
+            if not records and idle_s is not None and quiet > idle_s:
                 break
+            if not records and tally is not None and not noted and quiet > QUIET_S:
+                print(f"-- quiet for {QUIET_S:g} s; so far: {tally.summary()}", file=sys.stderr)
+                noted = True
             for record in records:
                 last = time.monotonic()
-                out.write(_line(record.topic, record.value) + "\n")
+                noted = False
+                message = _decode(record.value)
+                if tally is None:
+                    out.write(_json_line(record.topic, message) + "\n")
+                else:
+                    tally.add(message)
+                    out.write(format_message(message, record.topic) + "\n")
                 shown += 1
                 if limit is not None and shown >= limit:
                     break
@@ -106,14 +144,23 @@ async def tail_topics(
     return shown
 
 
-def _line(topic: str, value: bytes | None) -> str:
+_OUTPUT_WORDS = ("predictions", "episodes", "dlq")
+
+
+def _decode(value: bytes | None) -> dict[str, Any]:
     try:
-        message: Any = decode_output(value or b"")
+        message: dict[str, Any] = decode_output(value or b"")
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
         message = {"undecodable": (value or b"")[:64].decode("latin-1")}
-    return json.dumps(
-        {"topic": topic, **message}, separators=(",", ":"), default=lambda b: b.decode("latin-1")
-    )
+    return message
+
+
+def _json_line(topic: str, message: Mapping[str, Any]) -> str:
+    """The message with its topic, as `oracular replay` writes it: a dead letter's own `topic`
+    (where the input came from) becomes `source_topic`."""
+    buffer = io.StringIO()
+    write_jsonl(buffer, dict(message), topic)
+    return buffer.getvalue().rstrip("\n")
 
 
 def run(coro: Any) -> Any:
