@@ -114,7 +114,12 @@ async def tail_topics(
         available = await consumer.topics()
         missing = [t for t in topics if t not in available]
         if missing:
-            hints = sorted(t for t in available if any(w in t for w in _OUTPUT_WORDS))
+            # Outputs that share a missing name's prefix first: the run it probably meant.
+            stems = {m.split(".", 1)[0] for m in missing}
+            hints = sorted(
+                (t for t in available if any(w in t for w in _OUTPUT_WORDS)),
+                key=lambda t: (t.split(".", 1)[0] not in stems, t),
+            )
             raise MissingTopicsError(missing, hints)
         consumer.subscribe(topics=list(topics))
         while limit is None or shown < limit:
