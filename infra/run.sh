@@ -15,14 +15,14 @@ ORACULAR=$VENV/bin/oracular
 CONFIG=${ORACULAR_CONFIG:-examples/oracular.yaml}
 SAMPLE=${SAMPLE:-examples/clickstream.jsonl}
 RUN_ID=${RUN_ID:-demo-$(date -u +%Y%m%dT%H%M%S)}
-LOG=var/runs/$RUN_ID.log
+LOG=var/worker.log  # the last run's
 READY_TIMEOUT_S=120  # first start: Faust creates the topics and the changelog and joins the group
 export ORACULAR_BROKER=${ORACULAR_BROKER:-$(cat "${KAFKA_DIR:-var/kafka}/bootstrap.txt")}
 # The run's own consumer group, internal topics and state (var/faust/$RUN_ID), and its own
 # topics $RUN_ID.events, $RUN_ID.predictions, ... (the worker creates them).
 export ORACULAR_APP_ID=$RUN_ID ORACULAR_TOPIC_PREFIX=$RUN_ID
 
-mkdir -p var/runs
+mkdir -p var
 echo "== run $RUN_ID: worker on $CONFIG, broker $ORACULAR_BROKER (log: $LOG)"
 "$ORACULAR" worker --config "$CONFIG" >"$LOG" 2>&1 &
 worker=$!
