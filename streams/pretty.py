@@ -152,17 +152,22 @@ class Tally:
             self.closes[str(message.get("reason"))] += 1
 
     def summary(self) -> str:
-        """`1,534 predictions (141 reveals: upgrade 100, churn 30), 581 episodes closed (...)`."""
-        predictions = f"{self.kinds['prediction']:,} predictions"
+        """`1,534 predictions (141 reveals: upgrade 86, ...), 573 episodes closed (573 by
+        timeout), 0 dead letters`."""
+        predictions = _count(self.kinds["prediction"], "prediction")
         if self.reveals:
             each = ", ".join(f"{name} {n:,}" for name, n in sorted(self.reveals.items()))
-            predictions += f" ({sum(self.reveals.values()):,} reveals: {each})"
+            predictions += f" ({_count(sum(self.reveals.values()), 'reveal')}: {each})"
         else:
             predictions += " (no reveals)"
-        episodes = f"{self.kinds['episode']:,} episodes closed"
+        episodes = _count(self.kinds["episode"], "episode") + " closed"
         if self.closes:
             episodes += f" ({', '.join(f'{n:,} by {r}' for r, n in sorted(self.closes.items()))})"
-        parts = [predictions, episodes, f"{self.kinds['dead letter']:,} dead letters"]
+        parts = [predictions, episodes, _count(self.kinds["dead letter"], "dead letter")]
         if self.kinds["unknown"]:
-            parts.append(f"{self.kinds['unknown']:,} other messages")
+            parts.append(_count(self.kinds["unknown"], "other message"))
         return ", ".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -89,8 +89,8 @@ def test_tail_follows_a_prefixed_runs_suffixed_outputs(kafka, name):
         ]
     )
     assert (
-        "tail: 1 predictions (1 reveals: upgrade 1), 1 episodes closed (1 by timeout), "
-        "1 dead letters" in pretty.stderr
+        "tail: 1 prediction (1 reveal: upgrade 1), 1 episode closed (1 by timeout), "
+        "1 dead letter" in pretty.stderr
     )
 
     # Full topic names (what `--topics oracular.predictions.bf` used to refuse), in JSON: the

@@ -138,7 +138,7 @@ def test_the_tally_counts_kinds_reveals_and_close_reasons():
     tally.add({"undecodable": "x"})
     assert tally.summary() == (
         "3 predictions (2 reveals: upgrade 2), 2 episodes closed (1 by end, 1 by timeout), "
-        "1 dead letters, 1 other messages"
+        "1 dead letter, 1 other message"
     )
 
 
