@@ -53,7 +53,8 @@ finish() {
 EOF
 }
 trap finish EXIT
-trap 'exit 130' INT TERM
+trap 'exit 0' INT     # Ctrl-C is how a run ends
+trap 'exit 143' TERM
 
 for ((waited = 0; waited < READY_TIMEOUT_S * 2; waited++)); do
     grep -q "Worker ready" "$LOG" 2>/dev/null && break
