@@ -153,9 +153,12 @@ _OUTPUT_WORDS = ("predictions", "episodes", "dlq")
 
 
 def _decode(value: bytes | None) -> dict[str, Any]:
+    """The output message, or `{"undecodable": <its first 64 bytes>}` if it is not a map."""
     try:
-        message: dict[str, Any] = decode_output(value or b"")
+        message: Any = decode_output(value or b"")
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        message = None
+    if not isinstance(message, dict):
         message = {"undecodable": (value or b"")[:64].decode("latin-1")}
     return message
 

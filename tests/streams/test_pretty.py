@@ -8,7 +8,7 @@ import pytest
 
 from schemas.outputs import dlq_message
 from streams.cli_kafka import tail_topic_names
-from streams.kafkatools import _json_line
+from streams.kafkatools import _decode, _json_line
 from streams.pretty import Tally, duration, format_message, iso, kind
 from streams.topics import product_topics
 
@@ -165,3 +165,10 @@ def test_tail_follows_roles_with_a_prefix_or_a_suffix_and_full_names():
 def test_tail_refuses_what_cannot_be_a_topic(wanted):
     with pytest.raises(ValueError, match=r"output|topic"):
         tail_topic_names(wanted, product_topics({}))
+
+
+@pytest.mark.parametrize("raw", [b"\xc1", b"\x05", b"[1]", b""])
+def test_what_is_not_an_output_map_is_shown_as_undecodable(raw):
+    message = _decode(raw)
+    assert message == {"undecodable": raw.decode("latin-1")}
+    assert format_message(message, "t").startswith("undecodable message on t: ")
