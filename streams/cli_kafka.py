@@ -417,9 +417,6 @@ def run_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-TAIL_ROLES = ("predictions", "episodes", "dlq")
-
-
 def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
     """The topic names `oracular tail --topics WANTED` follows: each output role (predictions,
     episodes, dlq) becomes its topic name (with the configured prefix) plus `suffix`; any other
