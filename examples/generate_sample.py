@@ -11,7 +11,8 @@ weeks. A session is a burst of events 5 s to 4 min apart; sessions are one to fo
 apart, so each is one episode under `episodeTimeout: 30m`. Every session has background noise
 (dashboard and page views, searches, clicks, feature use), and one background event in 25 is
 a page that is a signal elsewhere (pricing, seats, support, export, team, members, share),
-viewed with no intent behind it.
+viewed with no intent behind it. Pricing views and upgrades carry `props: {"plan": ...}`, which
+the engine ignores.
 
 - upgrader (22%): over one to three sessions hits plan limits and views pricing (sometimes
   seats); in the last one views pricing again, opens billing and completes the upgrade
