@@ -123,7 +123,7 @@ def window_shopper(rng: random.Random) -> list[list[str]]:
 
 
 def churner(rng: random.Random) -> list[list[str]]:
-    """Support tickets, exports and cancel-page views, then a cancellation the same day."""
+    """Cancel-page views, support tickets and exports, then a cancellation in the last session."""
     sessions = [noise(rng, 2, 4, feature_use=0.05) for _ in range(rng.randint(0, 2))]
     for _ in range(rng.randint(1, 2)):
         looking = ["cancel.viewed", "support.ticket"] + ["export.started"] * rng.randint(0, 1)
