@@ -408,7 +408,8 @@ def run_tail(args: argparse.Namespace) -> int:
         hint = f"; output topics there: {', '.join(shown)}" if shown else ""
         print(
             f"oracular tail: no topic {', '.join(exc.missing)} on {settings.broker} "
-            f"(check --topic-prefix, --output-suffix, --topics){hint}",
+            f"(check --topic-prefix, --output-suffix, and --topics: predictions, episodes, dlq "
+            f"or full topic names){hint}",
             file=sys.stderr,
         )
         return EXIT_USAGE
