@@ -42,9 +42,15 @@ finish() {
         echo "== run $RUN_ID: the worker logged no counters; see $LOG"
         return
     fi
+    local handled=$(($(count applied) + $(count duplicates) + $(count dead_lettered) + $(count ignored)))
     cat <<EOF
 == summary of run $RUN_ID (the worker's final counters)
    inputs:       $sent messages in $SAMPLE; the worker applied $(count applied), late $(count late), duplicates $(count duplicates), ignored $(count ignored)
+EOF
+    if ((handled < sent)); then
+        echo "                 (it stopped before reading them all: $((sent - handled)) not read yet)"
+    fi
+    cat <<EOF
    predictions:  $(count predictions) published to $RUN_ID.predictions
    episodes:     $(count episodes) closed ($(count closed_by_timer) of them by the timer), published to $RUN_ID.episodes
    dead letters: $(count dead_lettered) in $RUN_ID.events.dlq

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Final, Literal
 
 import msgpack
 
@@ -57,15 +57,24 @@ def file_format(path: Path, declared: str | None = None) -> FileFormat:
     return "msgpack" if path.suffix in (".msgpack", ".mpk") else "jsonl"
 
 
+class EventFileError(ValueError):
+    """An events file a tool cannot use as it is: the message names the line and the problem."""
+
+
 def read_lines(
     handle: BinaryIO, fmt: FileFormat, columns: CsvColumns | None = None
 ) -> Iterator[Line]:
-    """Yield every message of an open binary file, decoded or with the reason it is not."""
+    """Yield every message of an open binary file, decoded or with the reason it is not.
+
+    Raises:
+        EventFileError: before any line, when the file cannot be read at all (a CSV whose
+            header lacks a mapped column, or that has no header).
+    """
     if fmt == "csv":
         messages = _csv(handle, columns or CsvColumns())
     else:
         messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
-    for index, (where, raw, obj, parse_error) in enumerate(messages):
+    for index, (where, raw, obj, parse_error, names) in enumerate(messages):
         if parse_error is not None:
             yield Line(index, None, f"{where}: {parse_error}", raw=raw, where=where)
             continue
@@ -74,11 +83,19 @@ def read_lines(
         except IgnoredMessage:
             yield Line(index, None, ignored=True, raw=raw, where=where)
         except DecodeError as exc:
-            yield Line(index, None, f"{where}: {exc}", raw=raw, where=where)
+            yield Line(index, None, f"{where}: {_rename(str(exc), names)}", raw=raw, where=where)
 
 
-Parsed = tuple[str, bytes, Any, str | None]
-"""(where in the file, the message's bytes, the parsed mapping or None, the error or None)"""
+Parsed = tuple[str, bytes, Any, str | None, Mapping[str, str] | None]
+"""(where in the file, the message's bytes, the parsed mapping or None, the error or None,
+the user's name of each message field when it differs: a CSV's columns)"""
+
+
+def _rename(error: str, names: Mapping[str, str] | None) -> str:
+    """A decoder error about `field 'ts'` as one about the user's `column 'timestamp'`."""
+    for field, column in (names or {}).items():
+        error = error.replace(f"field {field!r}", f"column {column!r}")
+    return error
 
 
 def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
@@ -88,50 +105,203 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
             continue
         where = f"line {line_no}"
         if stripped[:1] != b"{":
-            yield where, stripped, None, "not a JSON object (a line must start with '{')"
+            yield where, stripped, None, _not_an_object(stripped), None
             continue
         try:
-            yield where, stripped, decode_message(stripped), None
+            yield where, stripped, decode_message(stripped), None, None
         except DecodeError as exc:
-            yield where, stripped, None, str(exc)
+            yield where, stripped, None, str(exc), None
+
+
+_JSON_KINDS: Final = {
+    list: "a JSON array",
+    str: "a JSON string",
+    int: "a JSON number",
+    float: "a JSON number",
+    bool: "a JSON boolean",
+    type(None): "JSON null",
+}
+
+
+def _not_an_object(line: bytes) -> str:
+    """What a JSON lines line that does not start with '{' is, for its error."""
+    rule = "each line must be one JSON object, {...}"
+    if len(line) <= MAX_MESSAGE_BYTES:
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            pass
+        else:
+            return f"{_JSON_KINDS.get(type(value), 'a JSON value')}, not an object: {rule}"
+    if line[0] >= 0x80:
+        return f"not JSON text: {rule} (a msgpack file needs --format msgpack or a .msgpack name)"
+    return f"not a JSON object: {rule}"
+
+
+_MSGPACK_KINDS: Final = {
+    list: "array",
+    str: "string",
+    bytes: "binary",
+    int: "integer",
+    float: "float",
+    bool: "boolean",
+    type(None): "nil",
+}
+
+
+_CSV_ROLES: Final = (
+    ("user", "the user id", "--user-col"),
+    ("name", "the event name", "--event-col"),
+    ("ts", "the time", "--time-col"),
+)
+"""Each message field a CSV column maps to: what it holds, the flag that names its column."""
 
 
 def _csv(handle: BinaryIO, columns: CsvColumns) -> Iterator[Parsed]:
     """Rows of a CSV file with a header; the mapped columns become a native event."""
-    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
+    # utf-8-sig: spreadsheet exports often start with a byte order mark, which is no column name.
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
     try:
-        yield from _csv_rows(csv.DictReader(text), columns)
+        yield from _csv_rows(_PhysicalLines(text), columns)
     finally:
         text.detach()  # the caller owns `handle`: the wrapper must not close it
 
 
-def _csv_rows(reader: csv.DictReader[str], columns: CsvColumns) -> Iterator[Parsed]:
-    header = reader.fieldnames or []
-    missing = [c for c in (columns.user, columns.event, columns.time) if c not in header]
+class _PhysicalLines:
+    """A text's lines for csv.reader, numbered; the lines of a bad row can be read again.
+
+    An unterminated quote makes csv.reader read on to the end of the file (or to the next
+    quote) as one field. Such a row is reported at the line where it starts, and reading
+    resumes at the line after it, so no other row is lost.
+    """
+
+    def __init__(self, text: Iterator[str]) -> None:
+        self._text = text
+        self._again: list[str] = []  # lines to hand out again, last first
+        self.row: list[str] = []
+        """The lines the current row took."""
+        self.number = 0
+        """Lines handed out so far: the current row's last line number."""
+
+    def __iter__(self) -> _PhysicalLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._again.pop() if self._again else next(self._text)
+        self.number += 1
+        self.row.append(line)
+        return line
+
+    def next_row(self) -> int:
+        """Start a row; its first line's number."""
+        self.row = []
+        return self.number + 1
+
+    def again(self) -> None:
+        """Hand out the current row's lines after its first one again."""
+        rest = self.row[1:]
+        self._again.extend(reversed(rest))
+        self.number -= len(rest)
+        self.row = self.row[:1]
+
+
+def _reader(lines: _PhysicalLines) -> Any:
+    # strict: text after a closing quote (`"a"b`) is an error instead of being joined to the
+    # field, and so is a quoted field that the end of the file cuts.
+    return csv.reader(lines, strict=True)
+
+
+def _csv_header(lines: _PhysicalLines, columns: CsvColumns) -> tuple[list[str], list[int]]:
+    """The header's column names and the index of the user, event and time columns.
+
+    Raises:
+        EventFileError: no header, or one that lacks a mapped column.
+    """
+    reader = _reader(lines)
+    header: list[str] = []
+    while not header:
+        start = lines.next_row()
+        try:
+            header = next(reader)
+        except StopIteration:
+            msg = "the CSV file is empty: it needs a header line naming its columns"
+            raise EventFileError(msg) from None
+        except csv.Error as exc:
+            msg = f"line {start}: the CSV header is not valid CSV: {exc}"
+            raise EventFileError(msg) from None
+    wanted = {"user": columns.user, "name": columns.event, "ts": columns.time}
+    missing = [
+        f"{wanted[field]!r} ({what}, {flag})"
+        for field, what, flag in _CSV_ROLES
+        if wanted[field] not in header
+    ]
     if missing:
-        shown = ", ".join(header) or "none"
-        yield (
-            "line 1",
-            b"",
-            None,
-            (
-                f"the CSV has no column {missing[0]!r} (columns: {shown}); "
-                "map them with --user-col, --event-col and --time-col"
-            ),
-        )
-        return
-    for row in reader:
-        time = (row.get(columns.time) or "").strip()
+        listed = ", ".join(missing[:-1]) + " or " + missing[-1] if len(missing) > 1 else missing[0]
+        shown = ", ".join(repr(h) for h in header)
+        msg = f"line {start}: the CSV header has no column {listed}; its columns are {shown}"
+        raise EventFileError(msg)
+    return header, [header.index(wanted[field]) for field, _, _ in _CSV_ROLES]
+
+
+def _csv_rows(lines: _PhysicalLines, columns: CsvColumns) -> Iterator[Parsed]:
+    header, mapped = _csv_header(lines, columns)
+    names = {field: header[i] for (field, _, _), i in zip(_CSV_ROLES, mapped, strict=True)}
+    reader = _reader(lines)
+    while True:
+        start = lines.next_row()
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield _bad_row(lines, start, str(exc))
+            reader = _reader(lines)
+            continue
+        if not row:
+            continue  # a blank line
+        cells = [row[i] if i < len(row) else "" for i in mapped]
+        if len(lines.row) > 1 and (
+            len(row) > len(header) or any("\n" in c or "\r" in c for c in cells)
+        ):
+            # A quote opened in this row runs on over the following lines: those were rows.
+            yield _bad_row(lines, start, "")
+            reader = _reader(lines)
+            continue
+        where = f"line {start}"
+        raw = json.dumps(dict(zip(header, row, strict=False))).encode()
+        empty = [
+            names[f] for (f, _, _), cell in zip(_CSV_ROLES, cells, strict=True) if not cell.strip()
+        ]
+        if empty:
+            yield where, raw, None, f"column {empty[0]!r} is empty", None
+            continue
+        user, name, time = cells[0], cells[1], cells[2].strip()
         message = {
-            "user": row.get(columns.user) or None,
-            "name": row.get(columns.event) or None,
+            "user": user,
+            "name": name,
             # ASCII digits only, and few enough for an int: anything else goes to the decoder
             # as text, which names the column's problem instead of raising.
-            "ts": int(time)
-            if time.isascii() and time.isdigit() and len(time) <= 20
-            else (time or None),
+            "ts": int(time) if time.isascii() and time.isdigit() and len(time) <= 20 else time,
         }
-        yield f"line {reader.line_num}", json.dumps(row).encode(), message, None
+        yield where, raw, message, None, names
+
+
+def _bad_row(lines: _PhysicalLines, start: int, problem: str) -> Parsed:
+    """The error of a row that is not valid CSV, at its first line; reading resumes after it."""
+    end = lines.number
+    first = lines.row[0] if lines.row else ""
+    lines.again()
+    if "end of data" in problem:
+        error = "unterminated quote: a '\"' on this line opens a field that the file never closes"
+    elif not problem:
+        error = f"unterminated quote: a '\"' on this line opens a field that runs on to line {end}"
+    else:
+        error = f"not valid CSV: {problem}"
+        if end > start:
+            error += f", in a quoted field that runs on from here to line {end}"
+    if end > start:
+        error += f" (lines {start + 1}-{end} are read again as rows)"
+    return f"line {start}", first.rstrip("\r\n").encode(), None, error, None
 
 
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
@@ -148,13 +318,29 @@ def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
         for index, obj in enumerate(unpacker):
             where = f"message {index + 1}"
             raw = msgpack.packb(obj)
+            if index == 0 and obj in (ord("{"), ord("[")) and not isinstance(obj, bool):
+                # A one-byte integer that is JSON's opening bracket: a JSON file read as msgpack
+                # would give one "message" per byte.
+                problem = (
+                    f"the file starts with {chr(obj)!r}: it is JSON text, not msgpack "
+                    "(read it with --format jsonl or a .jsonl name)"
+                )
+                yield where, raw, None, problem, None
+                return
             if not isinstance(obj, dict):
-                yield where, raw, None, f"a message must be a map (got {type(obj).__name__})"
+                kind = _MSGPACK_KINDS.get(type(obj), type(obj).__name__)
+                yield (
+                    where,
+                    raw,
+                    None,
+                    f"a msgpack {kind}, not a map: each message must be a map",
+                    None,
+                )
             else:
-                yield where, raw, obj, None
+                yield where, raw, obj, None, None
     except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
         where = f"after message {index + 1}"
-        yield where, b"", None, f"the msgpack stream is corrupt from here on: {exc}"
+        yield where, b"", None, f"the msgpack stream is corrupt from here on: {exc}", None
 
 
 def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
@@ -174,10 +360,6 @@ def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
     handle.write("\n")
 
 
-class EventFileError(ValueError):
-    """An events file a tool cannot use as it is: the message names the line and the problem."""
-
-
 def read_sorted_events(
     path: Path, fmt: FileFormat, columns: CsvColumns | None = None
 ) -> list[Event]:
@@ -189,7 +371,7 @@ def read_sorted_events(
     events: list[Event] = []
     last: dict[str, tuple[int, str]] = {}
     with path.open("rb") as handle:
-        for line in read_lines(handle, fmt, columns):
+        for line in _named(path, read_lines(handle, fmt, columns)):
             if line.ignored:
                 continue
             if line.event is None:
@@ -207,3 +389,12 @@ def read_sorted_events(
             last[event.user] = (event.at, line.where)
             events.append(event)
     return events
+
+
+def _named(path: Path, lines: Iterator[Line]) -> Iterator[Line]:
+    """`lines`, with the file's name in front of an EventFileError that reading raises."""
+    try:
+        yield from lines
+    except EventFileError as exc:
+        msg = f"{path}: {exc}"
+        raise EventFileError(msg) from None

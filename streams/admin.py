@@ -174,6 +174,49 @@ def no_broker_message(bootstrap: str) -> str:
     )
 
 
+def missing_topics_message(missing: Sequence[str], bootstrap: str) -> str:
+    """What to say when topics a command needs do not exist."""
+    shown = ", ".join(missing)
+    what = f"topic {shown} does" if len(missing) == 1 else f"topics {shown} do"
+    return (
+        f"{what} not exist on {bootstrap}. Create the product topics with `make topics` "
+        "(or start `oracular worker`, which creates them); check ORACULAR_TOPIC_PREFIX."
+    )
+
+
+async def require_broker(
+    bootstrap: str,
+    *,
+    topics: Sequence[str] = (),
+    client: Mapping[str, Any] | None = None,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> None:
+    """The check every Kafka-facing command makes first: a broker answers, `topics` exist.
+
+    Bounded by `timeout_s` per step, silent (no aiokafka connection logs), creates nothing.
+
+    Raises:
+        BrokerError: one line saying what is wrong and how to fix it (`no_broker_message`,
+            `missing_topics_message`).
+    """
+    if not await probe_async(bootstrap, timeout_s, client):
+        raise BrokerError(no_broker_message(bootstrap))
+    if not topics:
+        return
+    admin = _admin(bootstrap, timeout_s, client)
+    try:
+        with quiet_aiokafka():
+            await asyncio.wait_for(admin.start(), timeout_s)
+            existing = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
+    except Exception as exc:  # it answered the probe a moment ago: gone, or refusing
+        raise BrokerError(no_broker_message(bootstrap)) from exc
+    finally:
+        await admin.close()
+    missing = [t for t in topics if t not in existing]
+    if missing:
+        raise BrokerError(missing_topics_message(missing, bootstrap))
+
+
 async def check_topics_async(
     bootstrap: str,
     specs: Iterable[TopicLike],
@@ -225,8 +268,7 @@ async def prepare_deployment(settings: Any, *, create: bool = True) -> None:
         BrokerError: saying what is wrong and how to fix it.
     """
     client = settings.client_kwargs()
-    if not await probe_async(settings.broker, client=client):
-        raise BrokerError(no_broker_message(settings.broker))
+    await require_broker(settings.broker, client=client)
     specs = list(settings.topics)
     if not create:
         await check_topics_async(settings.broker, specs, client=client)

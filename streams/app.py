@@ -192,6 +192,20 @@ def fence_stale_changelog_records(
 
 
 EXIT_FENCED: Final = 75
+REPAIR_KEYS_PER_TICK: Final = 200
+"""Users named per repair tick: a user id is at most 512 characters (2 KiB of UTF-8), so a
+tick stays below half the producer's 1 MB record limit."""
+
+
+class FrozenWhileWriting(Exception):
+    """The worker was frozen while sending a batch's changelog records."""
+
+    def __init__(self, stalled_s: float) -> None:
+        """How long the loop stood still."""
+        super().__init__(f"frozen for {stalled_s:.1f} s")
+        self.stalled_s = stalled_s
+
+
 """Exit code of a worker that stopped itself after a freeze (sysexits EX_TEMPFAIL: restart)."""
 
 
@@ -207,7 +221,9 @@ class Lease:
         self.limit_s = limit_s
         self.renewed = time.monotonic()
         self.stalls = 0
-        """Stalls seen so far (each counted once)."""
+        """Stalls seen so far (each counted once, by whichever check noticed it first)."""
+        self.last_stall_s = 0.0
+        """How long the last stall lasted (as far as seen when it was noticed)."""
         self.counted = False
         self.stalled_since_rebalance = False
         """A stall was seen since the last rebalance: this worker may have been a zombie, so
@@ -225,6 +241,7 @@ class Lease:
             if not self.counted:
                 self.stalls += 1
                 self.counted = True
+            self.last_stall_s = stalled
             self.stalled_since_rebalance = True
             return stalled
         return None
@@ -460,12 +477,23 @@ class _Runtime:
         self.memory = GcPolicy()
         self.lease = Lease(settings.session_timeout_s / 2)
         self._stalls_seen = 0
+        """The lease's stall count when membership was last known (writes need it current)."""
+        self._fenced_in: int | None = None
+        """The generation a batch was dropped in; until a newer one, nothing is written."""
         self.repairs: dict[int, set[bytes]] = {}
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
 
     async def run_batch(self, events: list[Any]) -> list[Any]:
         """Apply a batch (outputs delivered, then states written); returns the events to ack:
         all of them, since every message is applied, skipped as a duplicate or dead-lettered."""
+        generation = self.app.consumer_generation_id  # the group generation it was read in
+        if self._fenced_in is not None:
+            if generation == self._fenced_in:
+                # Read before the rebalance this worker was told about: its partitions may be
+                # someone else's by now, and it holds no assignment to write for yet.
+                faust_patches.abandon(self.app.consumer, events)
+                return []
+            self._fenced_in = None  # assigned anew (and sought to the committed offsets)
         batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
         self._expect_committed(messages)
@@ -474,9 +502,8 @@ class _Runtime:
         )
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.caught_up, _wall_ms)
-        if not await self._may_write():
-            faust_patches.abandon(self.app.consumer, events)
-            return []  # fenced: nothing written, nothing acked; the owners re-read it
+        if not await self._may_write(generation):
+            return self._fence(generation, events)
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
         # so a failed delivery raises here, before any state records the inputs as applied.
@@ -488,10 +515,8 @@ class _Runtime:
         await producer.flush()
         await asyncio.gather(*sent)
         self.faults.reached("outputs")
-        if not await self._may_write():
-            faust_patches.abandon(self.app.consumer, events)
-            return []
-        self._stalls_seen = self.lease.stalls
+        if not await self._may_write(generation):
+            return self._fence(generation, events)
         writes = list(batch.writes())
         for key, value, context in writes:
             self.table.set(key, value, context)
@@ -500,6 +525,9 @@ class _Runtime:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
             await self.table.send_changelog(producer, writes, self._unless_frozen)
+            self._unless_frozen()  # frozen while the records were on their way?
+        except FrozenWhileWriting as frozen:
+            await self._leave_repairs(writes, frozen.stalled_s)
         except Exception as exc:
             log.critical(
                 "a state's changelog record was not delivered (%s: %s): stopping the worker. "
@@ -516,7 +544,15 @@ class _Runtime:
             self._backfill_progress(messages)
         return events
 
-    async def _may_write(self) -> bool:
+    def _fence(self, generation: int, events: list[Any]) -> list[Any]:
+        """Drop a batch unwritten and unacknowledged (the partitions' owners re-read it), and
+        every batch after it until this worker is assigned partitions in a newer generation:
+        whatever it read before that may belong to another worker by now."""
+        faust_patches.abandon(self.app.consumer, events)
+        self._fenced_in = generation
+        return []
+
+    async def _may_write(self, generation: int) -> bool:
         """False when this worker was paused long enough to have lost its partitions.
 
         A worker frozen past its session timeout (a GC or VM pause, SIGSTOP) is evicted from
@@ -524,54 +560,105 @@ class _Runtime:
         would write outputs and states *after* the partitions' new owner wrote newer ones: a
         zombie. Kafka cannot fence it without transactions, so the worker fences itself: when
         its loop was stalled for more than half the session timeout (`Lease`), it writes
-        nothing until it knows. A rebalance within one session timeout means it lost the
-        group: the batch is dropped unwritten and unacknowledged, and taken off Faust's
-        in-flight set so the rebalance does not wait for it (the partitions' owners re-read it
-        from the committed offsets). No rebalance in that time: it is still a member.
+        nothing until the group coordinator confirms, by a heartbeat sent after the stall,
+        that it is still a member of the current generation. Told it is not (or a rebalance
+        began, or the generation changed), the batch is dropped unwritten and unacknowledged,
+        and taken off Faust's in-flight set so the rebalance does not wait for it (the
+        partitions' owners re-read it from the committed offsets). While the coordinator does
+        not answer it keeps asking: writing on a guess is what a zombie does. A stall during
+        the confirmation starts it again.
         """
-        stalled = self.lease.stalled_s()
-        if stalled is None:
-            return True
+        lease = self.lease
+        if lease.stalled_s() is None and lease.stalls == self._stalls_seen:
+            return True  # no stall since membership was last known
+        # (The lease task may have noticed the stall first and renewed the lease since: the
+        # count still shows it, which is why the count is compared, not only the lease.)
         app = self.app
-        generation = app.consumer_generation_id
         log.warning(
             "the worker was paused for %.1f s (over half the session timeout): confirming it "
             "still belongs to its group before writing",
-            stalled,
+            lease.last_stall_s,
         )
-        deadline = time.monotonic() + self.settings.session_timeout_s
-        while time.monotonic() < deadline:
+        waited_since = time.monotonic()
+        while True:
+            self.lease.renew()  # a stall from here on is one during the question
+            stalls = self.lease.stalls
+            answer = faust_patches.UNKNOWN
+            if not app.rebalancing and app.consumer_generation_id == generation:
+                answer = await faust_patches.membership(app.consumer)
             if app.rebalancing or app.consumer_generation_id != generation:
+                answer = faust_patches.LOST
+            if self.lease.stalled_s() is not None or self.lease.stalls != stalls:
+                continue  # frozen again while asking: the answer may predate an eviction
+            if answer == faust_patches.MEMBER:
+                self._stalls_seen = stalls
+                return True
+            if answer in (faust_patches.LOST, faust_patches.REBALANCING):
                 self.processor.counts["fenced_batches"] += 1
                 log.warning(
-                    "it did not: the batch in hand is dropped unwritten; its inputs are "
-                    "re-read by the partitions' owners"
+                    "it did not (%s): the batch in hand is dropped unwritten; its inputs are "
+                    "re-read by the partitions' owners",
+                    answer,
                 )
                 return False
-            await asyncio.sleep(0.05)
-        self.lease.renew()
-        return True
+            if time.monotonic() - waited_since > self.settings.session_timeout_s:
+                log.warning("the group coordinator has not answered yet; still asking")
+                waited_since = time.monotonic()
+            await asyncio.sleep(0.1)
 
     def _unless_frozen(self) -> None:
-        """Exit at once if the process was frozen (stalled past the lease's limit) since the
-        batch last confirmed it may write: sent now, its changelog records could land after
-        a new owner's (a zombie's writes). Checked before each record is queued, so exiting
-        sends none of them; the inputs are redelivered to whoever owns the partitions (a
-        supervisor restarts this worker). A batch that merely took that long is rare, and a
-        restart is safe for it."""
+        """Raise `FrozenWhileWriting` if the process was frozen (stalled past the lease's
+        limit) since the batch last confirmed it may write: its changelog records could land
+        after a new owner's (a zombie's writes). Checked before each record is queued and once
+        they are all acknowledged. A batch that merely took that long is rare, and the
+        repair and restart that follow are safe for it."""
         lease = self.lease
         stalled = lease.stalled_s()
         if stalled is not None or lease.stalls != self._stalls_seen:
             # Frozen since the last check (the loop may have run since, when queueing the
             # records had to wait, and renewed the lease: the count still shows it).
-            stalled = stalled or time.monotonic() - lease.renewed
-            log.critical(
-                "the worker was frozen for %.1f s while writing its changelog: exiting without "
-                "sending it (its partitions have new owners)",
-                stalled,
-            )
-            logging.shutdown()
-            os._exit(EXIT_FENCED)
+            raise FrozenWhileWriting(stalled or time.monotonic() - lease.renewed)
+
+    async def _leave_repairs(self, writes: list[tuple[bytes, bytes, Any]], stalled: float) -> None:
+        """After a freeze while writing the changelog: make sure the users' newest states end
+        up last in the changelog, then exit.
+
+        Records queued before the freeze go out when the process resumes, possibly after the
+        partitions' new owner wrote newer states of the same users; compaction would keep the
+        older ones. So once they are out, a tick naming those users is sent to each of their
+        partitions: the tick comes after them in time, and its partition's owner (whoever that
+        is now) writes each named user's current state again, last. Then the worker exits
+        (`EXIT_FENCED`): nothing of the batch is acknowledged, so its inputs are redelivered to
+        whoever owns the partitions (a supervisor restarts this worker).
+        """
+        log.critical(
+            "the worker was frozen for %.1f s while writing its changelog: asking the "
+            "partitions' owners to write those %s user(s) again, then exiting (its partitions "
+            "may have new owners)",
+            stalled,
+            len(writes),
+        )
+        try:
+            await asyncio.wait_for(self._send_repairs(writes), self.settings.session_timeout_s)
+        except Exception as exc:  # exiting regardless; say what was missed
+            log.critical("the repair ticks were not all sent (%s: %s)", type(exc).__name__, exc)
+        logging.shutdown()
+        os._exit(EXIT_FENCED)
+
+    async def _send_repairs(self, writes: list[tuple[bytes, bytes, Any]]) -> None:
+        producer = self.app.producer
+        await producer.flush()  # whatever was queued goes out before the ticks
+        by_partition: dict[int, list[bytes]] = {}
+        for key, _value, context in writes:
+            by_partition.setdefault(context.message.partition, []).append(key)
+        ticks = self.settings.topics.ticks.name
+        sent = []
+        for partition, keys in by_partition.items():
+            for start in range(0, len(keys), REPAIR_KEYS_PER_TICK):
+                value = encode_tick(_wall_ms(), keys[start : start + REPAIR_KEYS_PER_TICK])
+                sent.append(await producer.send(ticks, None, value, partition, None, None))
+        await producer.flush()
+        await asyncio.gather(*sent)
 
     def _expect_committed(self, messages: list[InMessage]) -> None:
         """A partition's first input after (re)assignment is expected at its committed offset

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from engine import ConfigError
 from schemas.files import CsvColumns
 
+Command = Callable[[argparse.Namespace], int]
+
 EXIT_USAGE = 2
+"""Bad flags, settings, config or input file (docs/tools.md "Exit codes")."""
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker is not there or refused
+"""The broker (or a worker's API) is not there, refused, or a topic is missing."""
 
 WORKER_FLAGS = [
     ("--broker", "ORACULAR_BROKER", "bootstrap servers host:port[,host:port]"),
@@ -50,6 +57,49 @@ def kafka_settings(args: argparse.Namespace) -> Any:
         return settings_from_env()
     except SettingsError as exc:
         raise ConfigError([("settings", str(exc))]) from exc
+
+
+def unavailable(command: str, exc: BaseException) -> int:
+    """Report a broker problem (a `streams.admin.BrokerError`) in one line; the exit code.
+
+    Every Kafka-facing command ends this way: `oracular COMMAND: <what is wrong and how to fix
+    it>` on stderr, exit EXIT_UNAVAILABLE, no traceback.
+    """
+    print(f"oracular {command}: {exc}", file=sys.stderr)
+    return EXIT_UNAVAILABLE
+
+
+def kafka_command(name: str) -> Callable[[Command], Command]:
+    """Decorate a Kafka-facing subcommand: a `streams.admin.BrokerError` ends it in one line.
+
+    The command's own checks (`streams.admin.require_broker`: the broker answers, its topics
+    exist) raise BrokerError with what to do; so do `streams.kafkatools.run` when a client
+    loses the broker, and the topic checks of `worker` and `backfill`.
+    """
+
+    def decorate(command: Command) -> Command:
+        @functools.wraps(command)
+        def run(args: argparse.Namespace) -> int:
+            from streams.admin import BrokerError  # loads aiokafka: only when a command runs
+
+            try:
+                return command(args)
+            except BrokerError as exc:
+                return unavailable(name, exc)
+
+        return run
+
+    return decorate
+
+
+def input_arguments(parser: argparse.ArgumentParser) -> None:
+    """--format and the CSV column flags, for every command that reads an events file."""
+    parser.add_argument(
+        "--format",
+        choices=["jsonl", "msgpack", "csv"],
+        help="input format (default: from the suffix: .msgpack/.mpk, .csv, else JSONL)",
+    )
+    csv_arguments(parser)
 
 
 def csv_arguments(parser: argparse.ArgumentParser) -> None:

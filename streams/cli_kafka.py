@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from schemas.config import load_config
 from schemas.events import DecodeError
 from schemas.events import _time as parse_time
 from streams.cli_common import (
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     WORKER_FLAGS,
     apply_worker_flags,
+    columns,
+    input_arguments,
+    kafka_command,
     kafka_settings,
 )
 from streams.progress import Progress
@@ -78,7 +81,11 @@ def _add_backfill(commands: Any) -> None:
         "--output-suffix .backfill",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    backfill.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
+    backfill.add_argument(
+        "--config",
+        required=not os.environ.get("ORACULAR_CONFIG"),
+        help="the engine config (required unless ORACULAR_CONFIG is set)",
+    )
     for flag, var, what in WORKER_FLAGS:
         if var != "ORACULAR_APP_ID":
             backfill.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
@@ -106,17 +113,26 @@ def _add_produce(commands: Any) -> None:
     produce = commands.add_parser(
         "produce",
         help="send an events file to the input topic (msgpack, keyed by user)",
-        epilog="example:\n  oracular produce examples/clickstream.jsonl --now",
+        description="Send every event of a file (JSON lines, msgpack or CSV, as `replay` reads "
+        "them) to the input topic as msgpack, keyed by user, with the event time as the "
+        "record timestamp. Unusable lines are reported with their line number and skipped; "
+        "a file with no event to send is an error (exit 2). Needs a broker and the input "
+        "topic (`make broker-up`, `make topics`; exit 69 otherwise).",
+        epilog="examples:\n  oracular produce examples/clickstream.jsonl --now\n"
+        "  oracular produce export.csv --user-col user_id --time-col timestamp",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    produce.add_argument("events", help="JSON lines or a msgpack stream of native/Segment events")
+    produce.add_argument(
+        "events", help="events file: JSON lines, a msgpack stream or CSV (native/Segment events)"
+    )
     produce.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
     produce.add_argument(
         "--now",
         action="store_true",
         help="shift times so the last event happens now (live timeouts)",
     )
-    produce.add_argument("--quiet", action="store_true")
+    produce.add_argument("--quiet", action="store_true", help="no progress line or summary")
+    input_arguments(produce)
     produce.set_defaults(run=run_produce)
 
 
@@ -126,9 +142,11 @@ def _add_tail(commands: Any) -> None:
         help="print predictions, closed episodes and dead letters as they arrive",
         description="Print the output topics' messages as JSON lines (each with its `topic`;\n"
         "a dead letter's origin is `source_topic`), or with --pretty as readable lines\n"
-        "and a tally at the end. --topic-prefix and --output-suffix follow a run with its\n"
-        "own topic names (a worker's --topic-prefix, a backfill's --output-suffix);\n"
-        "--topics also takes full topic names.",
+        "and a tally at the end, as they arrive (or from the beginning), until --max\n"
+        "messages or --idle seconds without one. --topic-prefix and --output-suffix follow\n"
+        "a run with its own topic names (a worker's --topic-prefix, a backfill's\n"
+        "--output-suffix); --topics also takes full topic names. Needs a broker and the\n"
+        "topics (`make broker-up`, `make topics`; exit 69 otherwise).",
         epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20\n"
         "  oracular tail --pretty --from-beginning --topic-prefix demo-20261130T2210\n"
         "  oracular tail --pretty --output-suffix .bf --topics predictions,episodes\n"
@@ -184,11 +202,12 @@ def _add_reset(commands: Any) -> None:
     reset.set_defaults(run=run_reset)
 
 
+@kafka_command("worker")
 def run_worker(args: argparse.Namespace) -> int:
     """`oracular worker`: check the broker and topics, then run the Faust worker."""
     import asyncio
 
-    from streams.admin import BrokerError, prepare_deployment
+    from streams.admin import prepare_deployment
     from streams.settings import SettingsError, settings_from_env
 
     apply_worker_flags(args)
@@ -198,11 +217,7 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"oracular worker: bad settings:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
     config = load_config(settings.config_path)
-    try:
-        asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
-    except BrokerError as exc:
-        print(f"oracular worker: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
     if args.processes < 1:
         print("oracular worker: --processes must be at least 1", file=sys.stderr)
         return EXIT_USAGE
@@ -219,26 +234,20 @@ def run_worker(args: argparse.Namespace) -> int:
             )
         environments = child_environments(args.processes, main_env(), settings.state_dir)
         return run_processes(["--loglevel", args.loglevel, "--no-create-topics"], environments)
-    import faust
-
     from streams.app import create_app
 
     use_fast_event_loop()
     app = create_app(settings, config)
-    worker = faust.Worker(app, loglevel=args.loglevel)
-    worker.execute_from_commandline()
+    faust_worker(app, args.loglevel).execute_from_commandline()
     return 0
 
 
+@kafka_command("backfill")
 def run_backfill(args: argparse.Namespace) -> int:
     """`oracular backfill`: a bounded worker run under a fresh app id."""
-    import os
     import signal
     import time
 
-    import faust
-
-    from streams.admin import BrokerError
     from streams.app import Backfill, create_app
 
     try:
@@ -247,11 +256,7 @@ def run_backfill(args: argparse.Namespace) -> int:
         print(f"oracular backfill: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config = load_config(settings.config_path)
-    try:
-        span = _prepare_backfill(settings, since)
-    except BrokerError as exc:
-        print(f"oracular backfill: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    span = _prepare_backfill(settings, since)
     started = time.monotonic()
     progress = Progress("backfill", total=span.total, unit="messages")
     plan = Backfill(
@@ -263,7 +268,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     use_fast_event_loop()
     app = create_app(settings, config, backfill=plan)
     with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
-        faust.Worker(app, loglevel=args.loglevel).execute_from_commandline()
+        faust_worker(app, args.loglevel).execute_from_commandline()
     processor = app.oracular.processor  # type: ignore[attr-defined]
     elapsed = time.monotonic() - started
     rate = processor.handled() / max(elapsed, 1e-9)
@@ -287,7 +292,6 @@ def run_backfill(args: argparse.Namespace) -> int:
 
 def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
     """Settings with a fresh app id and suffixed outputs, and the --since time."""
-    import os
     import time
 
     from streams.settings import SettingsError, settings_from_env
@@ -319,13 +323,15 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
 
 
 def _prepare_backfill(settings: Any, since: int | None) -> Any:
-    """Check the broker and the app id, capture the range, create outputs, commit --since."""
+    """Check the broker, the input topic and the app id, capture the range, create outputs,
+    commit --since."""
     from streams.admin import prepare_deployment
     from streams.backfill import capture_range, check_fresh, commit_start
     from streams.kafkatools import run
 
     client = settings.client_kwargs()
     events = settings.topics.events.name
+    _require_broker(settings, [events])  # else nothing to backfill: `make topics` first
     run(prepare_deployment(settings))
     run(check_fresh(settings.broker, settings.app_id, client))
     span = run(capture_range(settings.broker, events, since, client))
@@ -340,45 +346,53 @@ def _prepare_backfill(settings: Any, since: int | None) -> Any:
     return span
 
 
+@kafka_command("produce")
 def run_produce(args: argparse.Namespace) -> int:
     """`oracular produce`: an events file onto the input topic."""
     import time
 
-    from streams.kafkatools import produce_file, run
+    from schemas.files import EventFileError, file_format
+    from streams.kafkatools import produce_events, read_events, run
 
     settings = kafka_settings(args)
     path = Path(args.events)
     if not path.is_file():
         print(f"oracular produce: no such file {path}", file=sys.stderr)
         return EXIT_USAGE
-    progress = Progress("produce", enabled=not args.quiet)
-    now = int(time.time() * 1000) if args.now else None
-    result = run(
-        produce_file(
-            settings.broker,
-            settings.topics.events.name,
-            path,
-            now_ms=now,
-            client=settings.client_kwargs(),
-            progress=progress,
-        )
-    )
-    progress.close()
-    if result is not None and not args.quiet:
-        sent, skipped = result
+    try:  # the file first: a bad one needs no broker to be told so
+        events, skipped = read_events(path, file_format(path, args.format), columns(args))
+    except EventFileError as exc:
+        print(f"oracular produce: {path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not events:
         print(
-            f"produce: {sent:,} events to {settings.topics.events.name} on {settings.broker}"
-            f" ({skipped} skipped)",
+            f"oracular produce: {path}: no event to send ({skipped} line(s) skipped); nothing sent",
             file=sys.stderr,
         )
-    return 0
+        return EXIT_USAGE
+    topic = settings.topics.events.name
+    client = settings.client_kwargs()
+    _require_broker(settings, [topic])
+    progress = Progress("produce", enabled=not args.quiet)
+    now = int(time.time() * 1000) if args.now else None
+    sent = run(
+        produce_events(settings.broker, topic, events, now_ms=now, client=client, progress=progress)
+    )
+    progress.close()
+    if sent is not None and not args.quiet:
+        print(
+            f"produce: {sent:,} events to {topic} on {settings.broker} ({skipped} skipped)",
+            file=sys.stderr,
+        )
+    return 0 if sent is not None else 1
 
 
+@kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
     """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
     import os
 
-    from streams.kafkatools import MissingTopicsError, run, tail_topics
+    from streams.kafkatools import run, tail_topics
     from streams.pretty import Tally
 
     if args.ORACULAR_TOPIC_PREFIX is not None:
@@ -389,30 +403,20 @@ def run_tail(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"oracular tail: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _require_broker(settings, topics)
     tally = Tally() if args.pretty else None
-    try:
-        run(
-            tail_topics(
-                settings.broker,
-                topics,
-                from_beginning=args.from_beginning,
-                limit=args.max,
-                idle_s=args.idle,
-                out=sys.stdout,
-                client=settings.client_kwargs(),
-                tally=tally,
-            )
+    run(
+        tail_topics(
+            settings.broker,
+            topics,
+            from_beginning=args.from_beginning,
+            limit=args.max,
+            idle_s=args.idle,
+            out=sys.stdout,
+            client=settings.client_kwargs(),
+            tally=tally,
         )
-    except MissingTopicsError as exc:
-        shown = exc.outputs[:12] + (["..."] if len(exc.outputs) > 12 else [])
-        hint = f"; output topics there: {', '.join(shown)}" if shown else ""
-        print(
-            f"oracular tail: no topic {', '.join(exc.missing)} on {settings.broker} "
-            f"(check --topic-prefix, --output-suffix, and --topics: predictions, episodes, dlq "
-            f"or full topic names){hint}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+    )
     if tally is not None:
         print(f"tail: {tally.summary()}", file=sys.stderr)
     return 0
@@ -449,32 +453,29 @@ def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
     return chosen
 
 
+@kafka_command("reset")
 def run_reset(args: argparse.Namespace) -> int:
     """`oracular reset APP_ID`."""
-    from streams.admin import BrokerError
     from streams.kafkatools import run
     from streams.reset import execute_reset, plan_reset
 
     settings = kafka_settings(args)
     datadir = Path(args.datadir) if args.datadir else Path("var") / "faust" / args.app_id
     client = settings.client_kwargs()
-    try:
-        plan = run(plan_reset(settings.broker, args.app_id, datadir, client))
-        print(plan.describe())
-        if plan.members:
-            print(
-                f"oracular reset: refused: the consumer group {args.app_id!r} has "
-                f"{plan.members} active member(s); stop its workers first",
-                file=sys.stderr,
-            )
-            return 1
-        if args.dry_run:
-            print("dry run: nothing deleted")
-            return 0
-        run(execute_reset(settings.broker, plan, client))
-    except BrokerError as exc:
-        print(f"oracular reset: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    _require_broker(settings)
+    plan = run(plan_reset(settings.broker, args.app_id, datadir, client))
+    print(plan.describe())
+    if plan.members:
+        print(
+            f"oracular reset: refused: the consumer group {args.app_id!r} has "
+            f"{plan.members} active member(s); stop its workers first",
+            file=sys.stderr,
+        )
+        return 1
+    if args.dry_run:
+        print("dry run: nothing deleted")
+        return 0
+    run(execute_reset(settings.broker, plan, client))
     print("deleted")
     return 0
 
@@ -529,6 +530,28 @@ def run_query(args: argparse.Namespace) -> int:
     else:
         render(body, sys.stdout)
     return 0
+
+
+def _require_broker(settings: Any, topics: list[str] | None = None) -> None:
+    """streams.admin.require_broker for a command's settings (BrokerError: kafka_command)."""
+    from streams.admin import require_broker
+    from streams.kafkatools import run
+
+    run(require_broker(settings.broker, topics=topics or (), client=settings.client_kwargs()))
+
+
+def faust_worker(app: Any, loglevel: str) -> Any:
+    """A Faust worker for `app`; its startup spinner only on a terminal.
+
+    Faust's spinner writes cursor hide/show codes and backspaces to stdout even when stdout is
+    a file or pipe; without it the worker logs "Ready" instead.
+    """
+    import faust
+
+    worker = faust.Worker(app, loglevel=loglevel)
+    if not worker.stdout.isatty():
+        worker.spinner = None
+    return worker
 
 
 def use_fast_event_loop() -> None:

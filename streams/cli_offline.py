@@ -21,7 +21,7 @@ from schemas.files import (
     write_jsonl,
 )
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
-from streams.cli_common import EXIT_USAGE, columns, csv_arguments
+from streams.cli_common import EXIT_USAGE, columns, input_arguments
 from streams.offline import OfflineRun, encoded_state
 from streams.processor import DLQ as DLQ_ROLE
 from streams.processor import EPISODES as EPISODES_ROLE
@@ -55,18 +55,13 @@ def _add_replay(commands: Any) -> None:
     replay.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
     replay.add_argument("--out", default="-", help="output JSONL file (default: stdout)")
     replay.add_argument(
-        "--format",
-        choices=["jsonl", "msgpack", "csv"],
-        help="input format (default: from the suffix: .msgpack/.mpk, .csv, else JSONL)",
-    )
-    replay.add_argument(
         "--until",
         help="final watermark, epoch ms or ISO-8601: episodes due "
         "by then are closed (default: the end of time)",
     )
     replay.add_argument("--states", help="also write each user's final state to this JSONL file")
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
-    csv_arguments(replay)
+    input_arguments(replay)
     replay.set_defaults(run=run_replay)
 
 
@@ -77,7 +72,7 @@ def _add_tune(commands: Any) -> None:
         description="Cut the events into episodes with the config's rules and report, per "
         "intent, each declared signal and each other event name seen in at least "
         "--min-episodes episodes: episodes with/without it, raw lift, evidence "
-        "score, a 95%% Wilson interval and a suggested weight "
+        "score, a 95% Wilson interval and a suggested weight "
         "(priorStrength × score).",
         epilog="examples:\n  oracular tune events.jsonl --config examples/oracular.yaml\n"
         "  oracular tune export.csv --config cfg.yaml --user-col user_id "
@@ -121,7 +116,15 @@ def _add_evaluate(commands: Any) -> None:
 
 
 def _add_check(commands: Any) -> None:
-    check = commands.add_parser("check-config", help="validate a config file and summarise it")
+    check = commands.add_parser(
+        "check-config",
+        help="validate a config file and summarise it",
+        description="Validate an engine config (YAML or JSON) against its schema and rules; "
+        "print each intent's signal count and outcome, or every problem with its path "
+        "(exit 2).",
+        epilog="example:\n  oracular check-config examples/oracular.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("config")
     check.set_defaults(run=run_check_config)
 
@@ -129,13 +132,8 @@ def _add_check(commands: Any) -> None:
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", help="events file: JSONL, msgpack, or CSV (sorted per user)")
     parser.add_argument("--config", required=True, help="the engine config (YAML or JSON)")
-    parser.add_argument(
-        "--format",
-        choices=["jsonl", "msgpack", "csv"],
-        help="input format (default: from the suffix)",
-    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    csv_arguments(parser)
+    input_arguments(parser)
 
 
 def _sorted_events(args: argparse.Namespace) -> list[Event] | None:
@@ -178,6 +176,9 @@ def run_replay(args: argparse.Namespace) -> int:
             progress.advance(handle.tell() if handle.seekable() else 0)
             _write(out, config_run.feed_line(line))
         _write(out, config_run.finish(until))
+    except EventFileError as exc:  # raised before any line: the file cannot be read at all
+        print(f"oracular replay: {source}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         if out is not sys.stdout:
             out.close()

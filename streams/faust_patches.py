@@ -37,7 +37,9 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, NamedTuple, cast
 
+from aiokafka import errors as kafka_errors
 from aiokafka.errors import ConsumerStoppedError
+from aiokafka.protocol.group import HeartbeatRequest
 from faust.streams import _current_event
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as consumer_module
@@ -506,6 +508,56 @@ def end_offset(consumer: Any, tp: TP) -> int | None:
     except (AssertionError, KeyError, AttributeError):  # not fetched yet, or not started
         return None
     return None if value is None else int(value)
+
+
+MEMBER: Final = "member"
+LOST: Final = "lost"
+REBALANCING: Final = "rebalancing"
+UNKNOWN: Final = "unknown"
+
+
+_HEARTBEAT_ANSWERS: Final = {
+    kafka_errors.NoError: MEMBER,
+    kafka_errors.IllegalGenerationError: LOST,
+    kafka_errors.UnknownMemberIdError: LOST,
+    kafka_errors.RebalanceInProgressError: REBALANCING,
+}
+
+
+async def membership(consumer: Any) -> str:
+    """Ask the group coordinator, now, whether this consumer is a member of the current
+    generation: one heartbeat with the consumer's generation and member id.
+
+    `MEMBER`: the broker accepted it and the group is stable, so nobody else owns this
+    consumer's partitions. `LOST`: the broker no longer knows this member or generation (it
+    was evicted; aiokafka rejoins). `REBALANCING`: a rebalance is under way (aiokafka rejoins).
+    `UNKNOWN`: no answer (coordinator moving, broker down, no aiokafka consumer). The
+    heartbeat runs on the consumer's thread, where aiokafka's coordinator lives.
+    """
+    thread = getattr(consumer, "_thread", None)
+    client = _aiokafka_consumer(consumer)
+    coordinator = getattr(client, "_coordinator", None)
+    if thread is None or coordinator is None:
+        return UNKNOWN
+
+    async def heartbeat() -> str:
+        if coordinator.generation < 0 or coordinator.member_id == "":
+            return LOST  # aiokafka already learned it was evicted and reset its generation
+        if coordinator.coordinator_id is None:
+            return UNKNOWN
+        request = HeartbeatRequest(
+            coordinator.group_id, coordinator.generation, coordinator.member_id
+        )
+        try:
+            response = await coordinator._send_req(request)
+        except kafka_errors.KafkaError:
+            return UNKNOWN
+        answer = _HEARTBEAT_ANSWERS.get(kafka_errors.for_code(response.error_code), UNKNOWN)
+        if answer in (LOST, REBALANCING):
+            coordinator.request_rejoin()  # as aiokafka's own heartbeat does on these answers
+        return answer
+
+    return cast(str, await thread.call_thread(heartbeat))
 
 
 def abandon(consumer: Any, events: Any) -> None:

@@ -13,43 +13,62 @@ from typing import Any, TextIO
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
+from engine import Event
 from schemas.events import encode_event
-from schemas.files import file_format, read_lines, write_jsonl
+from schemas.files import CsvColumns, FileFormat, read_lines, write_jsonl
 from schemas.outputs import decode_output
+from streams.admin import BrokerError, no_broker_message, quiet_aiokafka
 from streams.pretty import Tally, format_message
 from streams.progress import Progress
 
 
-async def produce_file(
-    bootstrap: str,
-    topic: str,
-    path: Path,
-    *,
-    now_ms: int | None = None,
-    client: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-) -> tuple[int, int]:
-    """Send every event of `path` to `topic` as msgpack, keyed by user (murmur2).
-
-    With `now_ms`, times are shifted so the file's last event happens at `now_ms` (a demo
-    then sees live timeouts); gaps between events are kept.
+def read_events(
+    path: Path, fmt: FileFormat, columns: CsvColumns | None = None
+) -> tuple[list[Event], int]:
+    """The events of a file, for `produce`; each unusable line is reported on stderr.
 
     Returns:
-        (sent, skipped): skipped lines are reported on stderr with their line number.
+        (events, skipped): skipped lines were reported with their line number.
+
+    Raises:
+        EventFileError: the file cannot be read at all (a CSV header without a mapped column).
     """
     with path.open("rb") as handle:
-        lines = list(read_lines(handle, file_format(path)))
+        lines = list(read_lines(handle, fmt, columns))
     events = [line.event for line in lines if line.event is not None]
     for line in lines:
         if line.event is None and not line.ignored:
             print(f"oracular produce: skipped {line.error}", file=sys.stderr)
+    return events, len(lines) - len(events)
+
+
+async def produce_events(
+    bootstrap: str,
+    topic: str,
+    events: Sequence[Event],
+    *,
+    now_ms: int | None = None,
+    client: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Send `events` to `topic` as msgpack, keyed by user (murmur2); returns how many.
+
+    With `now_ms`, times are shifted so the last event happens at `now_ms` (a demo then sees
+    live timeouts); gaps between events are kept. The caller checked the broker and the topic
+    (`streams.admin.require_broker`).
+
+    Raises:
+        BrokerError: the broker went away.
+    """
     shift = 0 if now_ms is None or not events else now_ms - max(e.at for e in events)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(client or {})
     )
-    await producer.start()
     try:
+        with quiet_aiokafka():
+            await producer.start()
         for n, event in enumerate(events, start=1):
             shifted = dataclasses.replace(event, at=event.at + shift)
             # The record timestamp is the event time, so `backfill --since` finds it.
@@ -62,19 +81,14 @@ async def produce_file(
             if progress is not None:
                 progress.advance(n)
         await producer.flush()
+    except KafkaConnectionError as exc:
+        raise BrokerError(no_broker_message(bootstrap)) from exc
+    except KafkaError as exc:
+        msg = f"sending to {topic} on {bootstrap} failed: {exc}"
+        raise BrokerError(msg) from exc
     finally:
         await producer.stop()
-    return len(events), len(lines) - len(events)
-
-
-class MissingTopicsError(Exception):
-    """`tail` was asked for topics the broker does not have."""
-
-    def __init__(self, missing: Sequence[str], outputs: Sequence[str]) -> None:
-        super().__init__(", ".join(missing))
-        self.missing = list(missing)
-        self.outputs = list(outputs)
-        """The broker's topics that look like outputs (hints)."""
+    return len(events)
 
 
 QUIET_S = 5.0
@@ -96,10 +110,10 @@ async def tail_topics(
     with `tally`, one readable line each (streams/pretty.py), counted in `tally`, whose running
     summary goes to stderr whenever the outputs fall quiet for `QUIET_S`.
 
-    Raises:
-        MissingTopicsError: a topic is not on the broker (a typo, or the wrong prefix/suffix).
+    The caller checked the broker and the topics (`streams.admin.require_broker`).
     """
     consumer = AIOKafkaConsumer(
+        *topics,
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
@@ -111,17 +125,6 @@ async def tail_topics(
     last = time.monotonic()
     noted = True  # nothing shown since the last quiet note
     try:
-        available = await consumer.topics()
-        missing = [t for t in topics if t not in available]
-        if missing:
-            # Outputs that share a missing name's prefix first: the run it probably meant.
-            stems = {m.split(".", 1)[0] for m in missing}
-            hints = sorted(
-                (t for t in available if any(w in t for w in _OUTPUT_WORDS)),
-                key=lambda t: (t.split(".", 1)[0] not in stems, t),
-            )
-            raise MissingTopicsError(missing, hints)
-        consumer.subscribe(topics=list(topics))
         while limit is None or shown < limit:
             batches = await consumer.getmany(timeout_ms=500)
             records = [r for batch in batches.values() for r in batch]
@@ -149,9 +152,6 @@ async def tail_topics(
     return shown
 
 
-_OUTPUT_WORDS = ("predictions", "episodes", "dlq")
-
-
 def _decode(value: bytes | None) -> dict[str, Any]:
     """The output message, or `{"undecodable": <its first 64 bytes>}` if it is not a map."""
     try:
@@ -172,8 +172,15 @@ def _json_line(topic: str, message: Mapping[str, Any]) -> str:
 
 
 def run(coro: Any) -> Any:
-    """asyncio.run, with Ctrl-C ending quietly."""
+    """asyncio.run, with Ctrl-C ending quietly.
+
+    Raises:
+        BrokerError: an aiokafka client could not reach the broker (rather than its traceback).
+    """
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:
         return None
+    except KafkaConnectionError as exc:
+        msg = f"lost the broker: {exc}. Is it up? (`make broker-up` starts the local one)"
+        raise BrokerError(msg) from exc

@@ -231,6 +231,14 @@ class Batch:
             slot = self.slots[key] = _Slot(user, message.context)
         return slot
 
+    def known(self, key: bytes, message: InMessage) -> bool:
+        """True when the user has a state (in this batch, the cache or the table)."""
+        return (
+            key in self.slots
+            or (self.cache is not None and self.cache.get(key) is not None)
+            or self.table.get(key, message.context) is not None
+        )
+
     def writes(self) -> Iterable[tuple[bytes, bytes, Any]]:
         """(key, value, context) of every user the batch changed."""
         for key, slot in self.slots.items():
@@ -324,8 +332,12 @@ class Processor:
             )
 
     def _write_again(self, batch: Batch, message: InMessage, keys: list[bytes]) -> None:
-        """Write users again unchanged (one changelog record each), on `message`'s partition."""
+        """Write users again unchanged (one changelog record each), on `message`'s partition.
+        Users without a state here are left alone: this worker writes them when it applies
+        their input."""
         for key in keys:
+            if not batch.known(key, message):
+                continue
             try:
                 slot = batch.slot(key, message)
             except StateFormatError:
@@ -518,9 +530,20 @@ class Processor:
         return watermark
 
     def on_tick(self, batch: Batch, message: InMessage, caught_up: bool, wall_ms: int) -> None:
-        """Close the due episodes of the tick's partition at its watermark."""
+        """Close the due episodes of the tick's partition at its watermark (after writing
+        again the users a frozen worker may have left a stale changelog record of)."""
         self.counts["ticks"] += 1
-        now = _tick_time(message.value) or wall_ms
+        decoded = _decode_tick(message.value)
+        rewrites = _tick_rewrites(decoded)
+        if rewrites:
+            log.warning(
+                "partition %s: writing %s user(s) again whose last changelog record may be a "
+                "frozen worker's",
+                message.partition,
+                len(rewrites),
+            )
+            self._write_again(batch, message, rewrites)
+        now = _tick_time(decoded) or wall_ms
         watermark = self.watermark(message.partition, caught_up, now)
         if watermark is not None:
             self.close_due(batch, message, watermark)
@@ -704,17 +727,27 @@ def _user_key(key: bytes | None, user: str) -> bytes:
     return key
 
 
-def encode_tick(wall_ms: int) -> bytes:
-    """A tick's value: the wall-clock time the timer sent it at."""
-    value: bytes = msgpack.packb([wall_ms])
+def encode_tick(wall_ms: int, rewrite: Iterable[bytes] = ()) -> bytes:
+    """A tick's value: the wall-clock time it was sent at and, from a worker that was frozen
+    while writing states (`streams.app`), the keys whose last changelog record may be
+    stale: the partition's owner writes those users again."""
+    keys = list(rewrite)
+    value: bytes = msgpack.packb([wall_ms, keys] if keys else [wall_ms])
     return value
 
 
-def _tick_time(value: bytes | None) -> int | None:
+def _decode_tick(value: bytes | None) -> list[Any]:
     try:
         decoded = msgpack.unpackb(value or b"")
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        return None
-    if isinstance(decoded, list) and decoded and isinstance(decoded[0], int):
-        return int(decoded[0])
-    return None
+        return []
+    return decoded if isinstance(decoded, list) else []
+
+
+def _tick_time(decoded: list[Any]) -> int | None:
+    return int(decoded[0]) if decoded and isinstance(decoded[0], int) else None
+
+
+def _tick_rewrites(decoded: list[Any]) -> list[bytes]:
+    keys = decoded[1] if len(decoded) > 1 and isinstance(decoded[1], list) else []
+    return [key for key in keys if isinstance(key, bytes)]

@@ -1,6 +1,7 @@
 """`oracular query USER`: ask a worker's lookup API and print the answer readably.
 
-Standard library only (urllib): the command needs no event loop and no Faust.
+Standard library only (urllib): the command needs no event loop and no Faust. Its exit codes
+are the other commands' (streams/cli_common.py): 69 when no worker's API answers.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
+
 DEFAULT_URL = "http://127.0.0.1:6067"
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69
 
 
 @dataclass(frozen=True)

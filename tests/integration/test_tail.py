@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from infra.broker import REPO_ROOT
 from schemas.outputs import dlq_message, encode_output
 from streams.admin import ensure_topics_async
+from streams.cli_common import EXIT_UNAVAILABLE
 from streams.topics import TopicSpec
 
 pytestmark = pytest.mark.integration
@@ -103,10 +104,13 @@ def test_tail_follows_a_prefixed_runs_suffixed_outputs(kafka, name):
     assert dead["error"] == "invalid JSON"
 
 
-def test_tail_refuses_topics_the_broker_does_not_have_and_names_the_outputs_it_has(kafka, name):
+def test_tail_refuses_a_prefix_or_suffix_whose_topics_the_broker_does_not_have(kafka, name):
     prefix = name("run")
     asyncio.run(_publish(kafka, prefix, ".bf"))
-    missing = _tail(kafka, "--topic-prefix", prefix, "--topics", "predictions")
-    assert missing.returncode == 2
-    assert f"no topic {prefix}.predictions on " in missing.stderr
-    assert f"{prefix}.predictions.bf" in missing.stderr
+    missing = _tail(kafka, "--topic-prefix", prefix, "--topics", "predictions")  # no suffix
+    assert missing.returncode == EXIT_UNAVAILABLE
+    [line] = missing.stderr.splitlines()
+    assert f"topic {prefix}.predictions does not exist on " in line
+    wrong = _tail(kafka, "--topic-prefix", prefix, "--output-suffix", ".x", "--topics", "dlq")
+    assert wrong.returncode == EXIT_UNAVAILABLE
+    assert f"topic {prefix}.events.dlq.x does not exist on " in wrong.stderr

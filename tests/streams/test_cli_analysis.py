@@ -69,8 +69,8 @@ def test_tune_text_table(tmp_path, config, capsys):
     ("rows", "message"),
     [
         (["u1,a,1000", "u1,b,999"], "line 3: user 'u1' at 999 comes after their event at 1000"),
-        (["u1,a,1000", "u1,b,soon"], "line 3: field 'ts' must be epoch milliseconds or an ISO"),
-        (["u1,,1000"], "line 2: field 'name' must be a non-empty string"),
+        (["u1,a,1000", "u1,b,soon"], "line 3: column 'when' must be epoch milliseconds or an ISO"),
+        (["u1,,1000"], "line 2: column 'what' is empty"),
     ],
 )
 def test_unsorted_or_unparseable_rows_name_the_line(tmp_path, config, capsys, rows, message):
@@ -83,7 +83,8 @@ def test_missing_csv_column_says_how_to_map_it(tmp_path, config, capsys):
     """A CSV without the expected column names the columns it has."""
     assert main(["tune", _csv(tmp_path, ["u1,a,1"]), "--config", config]) == 2
     err = capsys.readouterr().err
-    assert "no column 'user' (columns: user_id, what, when)" in err and "--user-col" in err
+    assert "line 1: the CSV header has no column 'user' (the user id, --user-col)" in err
+    assert "its columns are 'user_id', 'what', 'when'" in err
 
 
 def test_evaluate_json_and_plot(tmp_path, config, capsys):

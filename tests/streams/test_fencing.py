@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from engine import EngineConfig, create_state
 from schemas.stored import StoredUser, encode_stored, stored_version
 from streams.app import fence_stale_changelog_records
@@ -98,10 +100,40 @@ def test_equal_versions_and_deletes_apply():
 # --- a worker that was frozen fences itself before writing --------------------------------
 
 
+class _Coordinator:
+    """aiokafka's group coordinator as `faust_patches.membership` sees it: the heartbeat's
+    answer is scripted (an error code per call; 0 = accepted)."""
+
+    group_id, member_id, coordinator_id = "g", "m-1", 1
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers, self.generation, self.asked, self.rejoin = answers, 7, [], False
+
+    async def _send_req(self, request: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.asked.append((request._generation_id, request._member_id))
+        return SimpleNamespace(error_code=self.answers.pop(0))
+
+    def request_rejoin(self) -> None:
+        self.rejoin = True
+
+
 class _App:
-    def __init__(self) -> None:
+    def __init__(self, answers: list[int] | None = None) -> None:
+        from types import SimpleNamespace
+
         self.rebalancing = False
         self.consumer_generation_id = 7
+        self.coordinator = _Coordinator([0] if answers is None else answers)
+
+        async def call_thread(fun: Any) -> Any:
+            return await fun()
+
+        client = SimpleNamespace(_coordinator=self.coordinator)
+        self.consumer = SimpleNamespace(
+            _thread=SimpleNamespace(_consumer=client, call_thread=call_thread)
+        )
 
 
 class _Settings:
@@ -117,27 +149,167 @@ def _runtime(app: _App) -> Any:
     runtime = _Runtime.__new__(_Runtime)
     runtime.app, runtime.settings = app, _Settings()
     runtime.lease = Lease(0.1)
+    runtime._stalls_seen = 0
     runtime.processor = SimpleNamespace(counts=Counter())
     return runtime
 
 
-async def test_a_running_worker_writes_at_once():
-    runtime = _runtime(_App())
-    assert await runtime._may_write()
-
-
-async def test_a_stalled_worker_that_lost_its_group_drops_the_batch():
+async def test_a_running_worker_writes_at_once_without_asking():
     app = _App()
     runtime = _runtime(app)
+    assert await runtime._may_write(7)
+    assert app.coordinator.asked == []
+
+
+async def test_a_stalled_worker_the_coordinator_still_counts_writes():
+    app = _App([0])
+    runtime = _runtime(app)
     runtime.lease.renewed -= 5  # the loop did not run for 5 s
-    # While the worker waits, its heartbeat finds out that the group moved on without it.
-    asyncio.get_running_loop().call_soon(setattr, app, "consumer_generation_id", 8)
-    assert not await runtime._may_write()
+    assert await runtime._may_write(7)
+    assert app.coordinator.asked == [(7, "m-1")]  # asked with its own generation and id
+    assert runtime.lease.stalled_s() is None
+
+
+@pytest.mark.parametrize(
+    ("code", "answer"), [(22, "lost"), (25, "lost"), (27, "rebalancing")]
+)  # IllegalGeneration, UnknownMemberId, RebalanceInProgress
+async def test_a_stalled_worker_the_coordinator_does_not_count_drops_the_batch(code, answer):
+    app = _App([code])
+    runtime = _runtime(app)
+    runtime.lease.renewed -= 5
+    assert not await runtime._may_write(7)
+    assert runtime.processor.counts["fenced_batches"] == 1
+    assert app.coordinator.rejoin
+
+
+async def test_no_answer_is_not_taken_for_membership():
+    # The coordinator is moving (NotCoordinator, then CoordinatorNotAvailable), then evicts.
+    app = _App([16, 15, 25])
+    runtime = _runtime(app)
+    runtime.lease.renewed -= 5
+    assert not await runtime._may_write(7)
+    assert len(app.coordinator.asked) == 3
+
+
+async def test_a_worker_aiokafka_already_reset_is_lost_without_asking():
+    app = _App([])
+    app.coordinator.generation, app.coordinator.member_id = -1, ""
+    runtime = _runtime(app)
+    runtime.lease.renewed -= 5
+    assert not await runtime._may_write(7)
+    assert app.coordinator.asked == []
+
+
+async def test_a_stalled_worker_that_saw_the_rebalance_drops_the_batch():
+    app = _App([0])
+    runtime = _runtime(app)
+    runtime.lease.renewed -= 5
+    app.consumer_generation_id = 8  # the heartbeat task rejoined: a new generation
+    assert not await runtime._may_write(7)
     assert runtime.processor.counts["fenced_batches"] == 1
 
 
-async def test_a_stalled_worker_still_in_its_group_writes_after_one_session_timeout():
-    runtime = _runtime(_App())
+async def test_a_stall_while_asking_asks_again():
+    app = _App([0, 25])
+    runtime = _runtime(app)
     runtime.lease.renewed -= 5
-    assert await runtime._may_write()
-    assert runtime.lease.stalled_s() is None
+    send = app.coordinator._send_req
+
+    async def frozen_once(request: Any) -> Any:
+        if not app.coordinator.asked:
+            runtime.lease.renewed -= 5  # frozen while the first question was out
+        return await send(request)
+
+    app.coordinator._send_req = frozen_once
+    assert not await runtime._may_write(7)  # the first "yes" is not trusted; the second: evicted
+    assert len(app.coordinator.asked) == 2
+
+
+# --- a worker frozen while writing its changelog leaves repairs behind --------------------
+
+
+def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
+    from streams.app import FrozenWhileWriting
+
+    runtime = _runtime(_App())
+    runtime._stalls_seen = runtime.lease.stalls
+    runtime._unless_frozen()  # not frozen: goes on
+    runtime.lease.renewed -= 5
+    runtime.lease.stalled_s()  # the lease task saw the stall ...
+    runtime.lease.renew()  # ... and the loop ran again since
+    with pytest.raises(FrozenWhileWriting):
+        runtime._unless_frozen()
+
+
+async def test_repairs_name_every_written_user_on_its_partition_after_the_queued_records():
+    from types import SimpleNamespace
+
+    from streams.processor import _decode_tick, _tick_rewrites
+
+    log: list[tuple[str, Any, Any]] = []
+
+    class Producer:
+        async def send(self, topic, key, value, partition, *_):
+            log.append((topic, partition, value))
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+        async def flush(self):
+            log.append(("flush", None, None))
+
+    app = _App()
+    app.producer = Producer()
+    runtime = _runtime(app)
+    runtime.settings = SimpleNamespace(
+        session_timeout_s=5, topics=SimpleNamespace(ticks=SimpleNamespace(name="t"))
+    )
+
+    def context(partition):
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    users = [(f"u{i}".encode(), b"v", context(i % 2)) for i in range(450)]
+    await runtime._send_repairs(users)
+    assert log[0] == ("flush", None, None)  # the queued changelog records go out first
+    named: dict[int, list[bytes]] = {}
+    for topic, partition, value in log[1:-1]:
+        assert topic == "t"
+        keys = _tick_rewrites(_decode_tick(value))
+        assert 0 < len(keys) <= 200
+        named.setdefault(partition, []).extend(keys)
+    assert named == {p: [k for k, _, c in users if c.message.partition == p] for p in (0, 1)}
+
+
+async def test_after_a_dropped_batch_nothing_is_applied_until_a_new_assignment():
+    """Batches read before the rebalance the worker was told about are dropped unread too:
+    their partitions may be another worker's already (a chaos run caught a zombie applying
+    the next buffered batch right after dropping the first)."""
+    from types import SimpleNamespace
+
+    app = _App([25])
+    app.consumer._unacked_messages = set()
+    runtime = _runtime(app)
+    runtime._fenced_in = None
+    runtime.lease.renewed -= 5
+    dropped = [SimpleNamespace(message=f"m{i}") for i in range(3)]
+    app.consumer._unacked_messages.update(e.message for e in dropped)
+    assert not await runtime._may_write(7)
+    assert runtime._fence(7, dropped[:1]) == []
+    # The next batch, same generation: dropped before the processor sees it.
+    runtime.processor = None  # would fail if used
+    assert await runtime.run_batch(dropped[1:]) == []
+    assert app.consumer._unacked_messages == set()
+    assert runtime._fenced_in == 7
+
+
+async def test_a_stall_the_lease_task_noticed_first_still_needs_the_coordinators_word():
+    """After SIGCONT the lease task may run before the batch does and renew the lease: the
+    stall count still shows the freeze (a chaos run caught a zombie writing this way)."""
+    app = _App([25])
+    runtime = _runtime(app)
+    runtime._stalls_seen = runtime.lease.stalls
+    runtime.lease.renewed -= 5
+    runtime.lease.stalled_s()  # what `Lease.keep` does first ...
+    runtime.lease.renew()  # ... then renews
+    assert not await runtime._may_write(7)
+    assert app.coordinator.asked == [(7, "m-1")]

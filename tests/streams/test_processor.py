@@ -278,3 +278,34 @@ def test_expect_keeps_the_first_known_offset(config):
     processor.expect(0, 10)
     processor.expect(0, 3)
     assert processor.next_offset[0] == 10
+
+
+def test_a_repair_tick_writes_the_named_users_again_unchanged(config):
+    """A worker frozen while writing its changelog names the users it wrote in a tick: the
+    partition's owner writes the ones it holds again, unchanged (so their newest state is
+    the last changelog record), and leaves users it does not hold alone."""
+    table, processor = DictTable(), _processor(config)
+    _run(
+        processor,
+        table,
+        [_message(0, {"id": "a", "user": "u1", "name": "pricing.viewed", "ts": TS})],
+    )
+    before, writes = table.partitions[0][b"u1"], table.writes
+    repair = InMessage(TICKS, 0, 5, None, encode_tick(TS, [b"u1", b"stranger"]), None, 0)
+    assert _run(processor, table, [repair]) == []
+    assert table.writes == writes + 1  # u1 again; nothing for the user it does not hold
+    assert b"stranger" not in table.partitions[0]
+    again = decode_stored(table.partitions[0][b"u1"], config)
+    assert again.state == decode_stored(before, config).state
+    assert processor.counts["rewritten"] == 1 and processor.counts["ticks"] == 1
+
+
+def test_ticks_decode_with_or_without_repairs():
+    from streams.processor import _decode_tick, _tick_rewrites, _tick_time
+
+    assert encode_tick(7) == msgpack.packb([7])  # the format of ticks already in topics
+    assert _tick_time(_decode_tick(encode_tick(7, [b"k"]))) == 7
+    assert _tick_rewrites(_decode_tick(encode_tick(7, [b"k", b"l"]))) == [b"k", b"l"]
+    assert _tick_rewrites(_decode_tick(encode_tick(7))) == []
+    for junk in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1, "x"])):
+        assert _tick_rewrites(_decode_tick(junk)) == []
