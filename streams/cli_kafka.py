@@ -248,7 +248,8 @@ def run_backfill(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from streams.app import Backfill, create_app
+    from streams.app import create_app
+    from streams.backfill import Backfill
 
     try:
         settings, since = _backfill_settings(args)
