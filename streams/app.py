@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 import faust
 from faust.types import TP
@@ -199,6 +199,7 @@ class _Runtime:
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if fence.dropping(generation, events):
             return []
+        clock = _StageClock()
         batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
         self.positions.expect_committed(messages)
@@ -207,6 +208,7 @@ class _Runtime:
         )
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.positions.caught_up, _wall_ms)
+        clock.lap("apply")
         if not await fence.may_write(generation):
             return fence.drop(generation, events)
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
@@ -219,6 +221,7 @@ class _Runtime:
         ]
         await producer.flush()
         await asyncio.gather(*sent)
+        clock.lap("outputs")
         self.faults.reached("outputs")
         if not await fence.may_write(generation):
             return fence.drop(generation, events)
@@ -243,12 +246,14 @@ class _Runtime:
             )
             await self.app.crash(exc)
             raise
+        clock.lap("states")
         self.faults.reached("changelog")
         self.processor.remember(batch)
         if self.backfill is not None:
             self.backfill.advance(
                 messages, self.processor.next_offset, self.settings.topics.ticks.name
             )
+        clock.report(len(messages), len(batch.outputs), len(writes))
         return events
 
     async def send_ticks(self, ticks: Any) -> None:
@@ -312,6 +317,34 @@ class _Runtime:
             self.processor.summary(),
             self.positions.lag(),
         )
+
+
+class _StageClock:
+    """Times a batch's stages; a batch slower than `SLOW_BATCH_S` is logged with them, so a
+    latency spike can be told apart: the engine, the outputs' round trip, the states'."""
+
+    SLOW_BATCH_S: Final = 0.25
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.stages: list[tuple[str, float]] = []
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages.append((stage, now - self.last))
+        self.last = now
+
+    def report(self, messages: int, outputs: int, writes: int) -> None:
+        total = self.last - self.started
+        if total >= self.SLOW_BATCH_S:
+            log.info(
+                "slow batch: %s messages, %s outputs, %s states in %.0f ms (%s)",
+                messages,
+                outputs,
+                writes,
+                total * 1000,
+                ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in self.stages),
+            )
 
 
 def _in_message(event: Any) -> InMessage:
