@@ -78,7 +78,14 @@ class Setting:
         return str(self.default)
 
 
-_TOPIC_ROLES: Final = ("events", "ticks", "predictions", "episodes", "dlq")
+_TOPIC_ROLES: Final = {
+    "events": "input",
+    "ticks": "timer's",
+    "predictions": "predictions",
+    "episodes": "closed episodes",
+    "dlq": "dead-letter",
+}
+"""Topic role -> what the docs call its topic."""
 
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("config_path", "ORACULAR_CONFIG", Path, Path("examples/oracular.yaml"),
@@ -94,12 +101,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("partitions", "ORACULAR_PARTITIONS", int, 8,
             "partitions of every product topic and of the state table", "--partitions"),
     Setting("topic_prefix", "ORACULAR_TOPIC_PREFIX", str, "oracular",
-            "topic names <prefix>.events, .ticks, .predictions, .episodes, .events.dlq",
+            "topics are named PREFIX.events, PREFIX.ticks, PREFIX.predictions, PREFIX.episodes "
+        "and PREFIX.events.dlq",
             "--topic-prefix"),
     *(
         Setting(f"topic_{role}", f"ORACULAR_TOPIC_{role.upper()}", str, None,
-                f"a full name for the {role} topic, instead of the prefixed one",
-                shown=f"<prefix>.{'events.dlq' if role == 'dlq' else role}")
+                f"a full name for the {_TOPIC_ROLES[role]} topic instead of the prefixed one",
+                shown=f"PREFIX.{'events.dlq' if role == 'dlq' else role}")
         for role in _TOPIC_ROLES
     ),
     Setting("tick_interval_s", "ORACULAR_TICK_INTERVAL_S", float, 1.0,
@@ -144,7 +152,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("sasl_password", "ORACULAR_SASL_PASSWORD", str, None,
             "SASL password (never logged)", secret=True),
     Setting("ssl_cafile", "ORACULAR_SSL_CAFILE", str, None,
-            "CA bundle for SSL and SASL_SSL", shown="the system's"),
+            "CA bundle for SSL and SASL_SSL (unset: the system's)"),
     Setting("ssl_certfile", "ORACULAR_SSL_CERTFILE", str, None,
             "client certificate for mutual TLS"),
     Setting("ssl_keyfile", "ORACULAR_SSL_KEYFILE", str, None,
@@ -447,7 +455,8 @@ def markdown_table() -> str:
         default = row.default_text()
         lines.append(
             f"| {code(row.env)} | {code(row.flag) if row.flag else ''} | "
-            f"{default if default == 'unset' else code(default)} | {row.help} |"
+            f"{default if default == 'unset' else code(default)} | "
+            f"{row.help.replace('<', '&lt;')} |"
         )
     return "\n".join(lines) + "\n"
 
