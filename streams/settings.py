@@ -316,7 +316,6 @@ def load_settings(
             where = (sources or {}).get(name) or row.flag or row.env
             given[name] = (text, where)
     values: dict[str, Any] = {}
-    unreadable = set()
     for name, (text, where) in given.items():
         kind = BY_NAME[name].kind
         try:
@@ -324,7 +323,6 @@ def load_settings(
         except ValueError:
             what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
             problems.append(f"{where}={text!r}: must be {what}")
-            unreadable.add(name)
     where_from = {name: where for name, (_, where) in given.items()}
     topic_inputs = {name: values.pop(name, _default(name)) for name in _TOPIC_INPUTS}
     if topic_inputs["partitions"] < 1:
@@ -332,7 +330,7 @@ def load_settings(
             f"{where_from.get('partitions', 'ORACULAR_PARTITIONS')}: must be a whole number "
             f">= 1 (got {topic_inputs['partitions']})"
         )
-    elif "partitions" not in unreadable:
+    else:
         try:
             values["topics"] = declare_topics(
                 topic_inputs["topic_prefix"],
@@ -340,11 +338,14 @@ def load_settings(
                 {role: topic_inputs[f"topic_{role}"] for role in _TOPIC_ROLES},
             )
         except ValueError as exc:
-            problems.append(str(exc))
+            named = [where_from[n] for n in _TOPIC_INPUTS[1:] if n in where_from]
+            problems.append(f"{', '.join(named) or 'ORACULAR_TOPIC_PREFIX'}: {exc}")
+    # An unreadable value is left at its default here, so the checks below report only the
+    # readable values' problems: every problem is reported at once.
+    settings = Settings(**values)
+    problems += _check(settings, lambda name: where_from.get(name, ENV_VARS[name]))
     if problems:
         raise SettingsError("\n".join(problems))
-    settings = Settings(**values)
-    _check(settings, lambda name: where_from.get(name, ENV_VARS[name]))
     return settings
 
 
@@ -360,7 +361,7 @@ def as_environment(flags: Mapping[str, str | None]) -> dict[str, str]:
     return {BY_NAME[name].env: text for name, text in flags.items() if text}
 
 
-def _check(settings: Settings, label: Any) -> None:
+def _check(settings: Settings, label: Any) -> list[str]:
     """Range and choice checks; `label(name)` is the variable or flag the value came from."""
     problems = []
     positive = (
@@ -406,8 +407,7 @@ def _check(settings: Settings, label: Any) -> None:
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):
         problems.append(f"{label('api_url')}: must start with http:// (got {settings.api_url!r})")
-    if problems:
-        raise SettingsError("\n".join(problems))
+    return problems
 
 
 def describe(settings: Settings) -> str:

@@ -102,22 +102,21 @@ def test_each_problem_is_one_line_naming_the_variable_or_the_flag() -> None:
             },
             {"lateness_ms": "-1", "tick_interval_s": "fast", "api_port": "70000"},
         )
-    lines = str(caught.value).splitlines()
-    assert lines == [
+    assert str(caught.value).splitlines() == [
         "ORACULAR_IDLE_MS='soon': must be a whole number",
         "--tick-interval='fast': must be a number",
-    ]  # unreadable values first; the range checks need readable ones
-    with pytest.raises(SettingsError) as caught:
-        load_settings(
-            {"ORACULAR_BATCH_MAX": "0", "ORACULAR_OUTPUT_FORMAT": "xml"},
-            {"lateness_ms": "-1", "api_port": "70000"},
-        )
-    assert str(caught.value).splitlines() == [
         "ORACULAR_BATCH_MAX: must be > 0 (got 0)",
         "--lateness-ms: must be >= 0 (got -1)",
         "ORACULAR_OUTPUT_FORMAT: must be msgpack or json (got 'xml')",
         "--api-port: must be 0-65535 (got 70000)",
     ]
+
+
+def test_a_bad_topic_name_names_where_it_came_from() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"ORACULAR_TOPIC_DLQ": "dead letters"}, {"topic_prefix": "ok"})
+    [line] = str(caught.value).splitlines()
+    assert line.startswith("--topic-prefix, ORACULAR_TOPIC_DLQ: Topic name 'dead letters'")
 
 
 def test_the_retired_grace_variable_is_refused_with_its_replacements() -> None:
@@ -238,10 +237,8 @@ def test_a_bad_worker_flag_is_one_line_naming_the_flag(
     assert capsys.readouterr().err.splitlines() == [
         "oracular worker: bad settings:",
         "--lateness-ms='soon': must be a whole number",
+        "--api-url: must start with http:// (got 'worker-1')",
     ]
-    code = main(["worker", "--api-url", "worker-1"])
-    assert code == EXIT_USAGE
-    assert "--api-url: must start with http://" in capsys.readouterr().err
 
 
 def test_processes_children_get_the_flags_as_their_own_variables(
