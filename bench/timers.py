@@ -20,8 +20,9 @@ import msgpack
 
 from bench.synthetic import clickstream
 from schemas.config import load_config
+from schemas.ticks import encode_tick
 from streams.offline import DictTable
-from streams.processor import Batch, InMessage, Processor, encode_tick
+from streams.processor import Batch, InMessage, Processor
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "oracular.yaml"
 EVENTS, TICKS = "oracular.events", "oracular.ticks"

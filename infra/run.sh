@@ -1,22 +1,66 @@
 #!/usr/bin/env bash
 # `make run`: the worker on examples/oracular.yaml against the local broker, fed the bundled
-# sample clickstream, with its outputs printed as they arrive. Ctrl-C stops the tail and the
-# worker (the broker keeps running: `make broker-down`).
+# sample clickstream, with its outputs printed readably as they arrive (`oracular tail --pretty`).
+#
+# Every run is separate: it gets its own app id and topic prefix (RUN_ID, default
+# demo-<UTC time>), so its state, consumer group and topics start empty; a second run neither
+# counts the first one's events as late nor mixes its outputs with them.
+# Ctrl-C stops the tail and the worker, then prints the run's summary. The broker keeps running
+# (`make broker-down`); `make clean` deletes every run's topics and state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
+ORACULAR=$VENV/bin/oracular
 CONFIG=${ORACULAR_CONFIG:-examples/oracular.yaml}
 SAMPLE=${SAMPLE:-examples/clickstream.jsonl}
-LOG=var/worker.log
-READY_TIMEOUT_S=120  # first start: Faust creates the changelog topic and joins the group
+RUN_ID=${RUN_ID:-demo-$(date -u +%Y%m%dT%H%M%S)}
+LOG=var/worker.log  # the last run's
+READY_TIMEOUT_S=120  # first start: Faust creates the topics and the changelog and joins the group
 export ORACULAR_BROKER=${ORACULAR_BROKER:-$(cat "${KAFKA_DIR:-var/kafka}/bootstrap.txt")}
+# The run's own consumer group, internal topics and state (var/faust/$RUN_ID), and its own
+# topics $RUN_ID.events, $RUN_ID.predictions, ... (the worker creates them).
+export ORACULAR_APP_ID=$RUN_ID ORACULAR_TOPIC_PREFIX=$RUN_ID
 
 mkdir -p var
-echo "== worker: $VENV/bin/oracular worker --config $CONFIG (log: $LOG)"
-"$VENV/bin/oracular" worker --config "$CONFIG" >"$LOG" 2>&1 &
+echo "== run $RUN_ID: worker on $CONFIG, broker $ORACULAR_BROKER (log: $LOG)"
+"$ORACULAR" worker --config "$CONFIG" >"$LOG" 2>&1 &
 worker=$!
-trap 'echo "== stopping the worker"; kill -TERM $worker 2>/dev/null; wait $worker 2>/dev/null || true' EXIT
+sent=$(grep -c . "$SAMPLE")  # one message a line
+
+# The worker's last `oracular summary:` counter, e.g. `count applied` -> 2817.
+count() { grep -o "oracular summary: .*" "$LOG" | tail -n 1 | grep -o "\b$1=[0-9]*" | cut -d= -f2; }
+
+finish() {
+    trap - EXIT INT TERM
+    if kill -0 $worker 2>/dev/null; then
+        echo "== stopping the worker"
+        kill -TERM $worker 2>/dev/null || true
+    fi
+    wait $worker 2>/dev/null || true  # it logs its final counters on the way out
+    if ! grep -q "oracular summary:" "$LOG" 2>/dev/null; then
+        echo "== run $RUN_ID: the worker logged no counters; see $LOG"
+        return
+    fi
+    local handled=$(($(count applied) + $(count duplicates) + $(count dead_lettered) + $(count ignored)))
+    cat <<EOF
+== summary of run $RUN_ID (the worker's final counters)
+   inputs:       $sent messages in $SAMPLE; the worker applied $(count applied), late $(count late), duplicates $(count duplicates), ignored $(count ignored)
+EOF
+    if ((handled < sent)); then
+        echo "                 (it stopped before reading them all: $((sent - handled)) not read yet)"
+    fi
+    cat <<EOF
+   predictions:  $(count predictions) published to $RUN_ID.predictions
+   episodes:     $(count episodes) closed ($(count closed_by_timer) of them by the timer), published to $RUN_ID.episodes
+   dead letters: $(count dead_lettered) in $RUN_ID.events.dlq
+   see them again:  $ORACULAR tail --pretty --from-beginning --topic-prefix $RUN_ID --idle 5
+   forget the run:  $ORACULAR reset $RUN_ID   (its state; \`make clean\` deletes all runs' topics)
+EOF
+}
+trap finish EXIT
+trap 'exit 0' INT     # Ctrl-C is how a run ends
+trap 'exit 143' TERM
 
 for ((waited = 0; waited < READY_TIMEOUT_S * 2; waited++)); do
     grep -q "Worker ready" "$LOG" 2>/dev/null && break
@@ -33,7 +77,10 @@ if ! grep -q "Worker ready" "$LOG"; then
     exit 1
 fi
 
-echo "== feeding $SAMPLE (times shifted so its last event is now)"
-"$VENV/bin/oracular" produce "$SAMPLE" --now
-echo "== outputs (oracular tail; Ctrl-C to stop; the worker's summary is in $LOG)"
-"$VENV/bin/oracular" tail --from-beginning "$@"
+echo "== feeding $SAMPLE to $RUN_ID.events (times shifted so its last event is now)"
+"$ORACULAR" produce "$SAMPLE" --now
+echo "== outputs as they arrive: time (UTC), user, the event, then p per intent (REVEAL: show"
+echo "   the prompt now); episode closes with each intent's verdict; dead letters. A tally"
+echo "   follows whenever the outputs go quiet. The last sessions close 30 min after their last"
+echo "   event (the timer). Ctrl-C stops the tail and the worker and prints the run's summary."
+"$ORACULAR" tail --pretty --from-beginning "$@"

@@ -12,8 +12,8 @@ derive from the events, so running the same backfill twice gives identical ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,50 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from streams.admin import BrokerError, quiet_aiokafka
+from streams.processor import InMessage
+from streams.progress import Progress
 from streams.reset import plan_reset
+
+
+@dataclass
+class Backfill:
+    """A bounded run of the worker: from `start` up to (not including) `stop` offsets, then
+    `done()`."""
+
+    start: dict[int, int]
+    """Partition -> the first offset to apply."""
+    stop: dict[int, int]
+    """Partition -> the end offset captured when the backfill started."""
+    done: Callable[[], None]
+    """Called once every partition is handled up to `stop` and has had a tick after that
+    (so the episodes due by then are closed)."""
+    finished: set[int] = field(default_factory=set)
+    """Partitions handled up to `stop` that have had a tick since."""
+    reached: bool = False
+    """`done()` was called."""
+    progress: Progress | None = None
+    """Advanced with the messages handled so far (of stop − start)."""
+
+    def caught_up(self, partition: int, next_offset: Mapping[int, int]) -> bool:
+        """True when `partition` is handled up to its stop offset."""
+        reached = next_offset.get(partition, self.start.get(partition, 0))
+        return reached >= self.stop.get(partition, 0)
+
+    def advance(
+        self, messages: Iterable[InMessage], next_offset: Mapping[int, int], ticks_topic: str
+    ) -> None:
+        """After a batch: move the progress line on, note partitions that had a tick once
+        caught up, and call `done()` when every partition has."""
+        batch = list(messages)
+        if self.progress is not None:
+            handled = sum(next_offset.get(p, start) - start for p, start in self.start.items())
+            self.progress.advance(handled, count=len(batch))
+        for message in batch:
+            if message.topic == ticks_topic and self.caught_up(message.partition, next_offset):
+                self.finished.add(message.partition)
+        if not self.reached and self.finished >= self.stop.keys():
+            self.reached = True
+            self.done()
 
 
 @dataclass(frozen=True)

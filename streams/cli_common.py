@@ -52,8 +52,10 @@ def load_settings(args: argparse.Namespace, **overrides: str | None) -> Any:
 
 
 def kafka_settings(args: argparse.Namespace) -> Any:
-    """Settings from the environment, with --broker applied (produce, tail, reset)."""
-    return load_settings(argparse.Namespace(broker=getattr(args, "broker", None)))
+    """Settings from the environment, with --broker (produce, tail, reset) and --topic-prefix
+    (tail) applied; a command's other flags are its own, not settings."""
+    flags = {name: getattr(args, name, None) for name in ("broker", "topic_prefix")}
+    return load_settings(argparse.Namespace(**flags))
 
 
 def unavailable(command: str, exc: BaseException) -> int:

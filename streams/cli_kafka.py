@@ -136,11 +136,17 @@ def _add_tail(commands: Any) -> None:
     tail = commands.add_parser(
         "tail",
         help="print predictions, closed episodes and dead letters as they arrive",
-        description="Print the output topics' messages as JSON lines with a 'topic' field, "
-        "as they arrive (or from the beginning), until --max messages or --idle seconds "
-        "without one. Needs a broker and the output topics (`make broker-up`, `make "
-        "topics`; exit 69 otherwise).",
-        epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20",
+        description="Print the output topics' messages as JSON lines (each with its `topic`;\n"
+        "a dead letter's origin is `source_topic`), or with --pretty as readable lines\n"
+        "and a tally at the end, as they arrive (or from the beginning), until --max\n"
+        "messages or --idle seconds without one. --topic-prefix and --output-suffix follow\n"
+        "a run with its own topic names (a worker's --topic-prefix, a backfill's\n"
+        "--output-suffix); --topics also takes full topic names. Needs a broker and the\n"
+        "topics (`make broker-up`, `make topics`; exit 69 otherwise).",
+        epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20\n"
+        "  oracular tail --pretty --from-beginning --topic-prefix demo-20261130T2210\n"
+        "  oracular tail --pretty --output-suffix .bf --topics predictions,episodes\n"
+        "  oracular tail --topics oracular.predictions.bf,oracular.events.dlq.bf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_flag(tail, "broker")
@@ -150,7 +156,25 @@ def _add_tail(commands: Any) -> None:
     tail.add_argument(
         "--topics",
         default="predictions,episodes,dlq",
-        help="which outputs (default predictions,episodes,dlq)",
+        help="outputs (predictions, episodes, dlq) or full topic names (default "
+        "predictions,episodes,dlq)",
+    )
+    add_flag(
+        tail,
+        "topic_prefix",
+        metavar="PREFIX",
+        text="the outputs of a run with this topic prefix (ORACULAR_TOPIC_PREFIX)",
+    )
+    tail.add_argument(
+        "--output-suffix",
+        default="",
+        help="the outputs <output topic><suffix>, as `backfill --output-suffix` writes them",
+    )
+    tail.add_argument(
+        "--pretty",
+        action="store_true",
+        help="readable lines (ISO times, user, event, p and reveal per intent, episode closes, "
+        "dead letters) and a tally on stderr when quiet and at the end",
     )
     tail.set_defaults(run=run_tail)
 
@@ -218,7 +242,8 @@ def run_backfill(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from streams.app import Backfill, create_app
+    from streams.app import create_app
+    from streams.backfill import Backfill
 
     try:
         settings, since = _backfill_settings(args)
@@ -360,36 +385,64 @@ def run_produce(args: argparse.Namespace) -> int:
 
 @kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
-    """`oracular tail`: print output messages as JSON lines."""
+    """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
     from streams.kafkatools import run, tail_topics
+    from streams.pretty import Tally
 
-    settings = kafka_settings(args)
-    names = {
-        "predictions": settings.topics.predictions.name,
-        "episodes": settings.topics.episodes.name,
-        "dlq": settings.topics.dlq.name,
-    }
-    wanted = [w.strip() for w in args.topics.split(",") if w.strip()]
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
-        print(
-            f"oracular tail: unknown output {unknown[0]!r}; use predictions, episodes, dlq",
-            file=sys.stderr,
-        )
+    settings = kafka_settings(args)  # --broker and --topic-prefix
+    try:
+        topics = tail_topic_names(args.topics, settings.topics, args.output_suffix)
+    except ValueError as exc:
+        print(f"oracular tail: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _require_broker(settings, [names[w] for w in wanted])
+    _require_broker(settings, topics)
+    tally = Tally() if args.pretty else None
     run(
         tail_topics(
             settings.broker,
-            [names[w] for w in wanted],
+            topics,
             from_beginning=args.from_beginning,
             limit=args.max,
             idle_s=args.idle,
             out=sys.stdout,
             client=settings.client_kwargs(),
+            tally=tally,
         )
     )
+    if tally is not None:
+        print(f"tail: {tally.summary()}", file=sys.stderr)
     return 0
+
+
+def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
+    """The topic names `oracular tail --topics WANTED` follows: each output role (predictions,
+    episodes, dlq) becomes its topic name (with the configured prefix) plus `suffix`; any other
+    item is taken as a full topic name.
+
+    Raises:
+        ValueError: nothing is wanted, or an item is not a legal topic name.
+    """
+    from streams.topics import TopicSpec
+
+    names = {
+        "predictions": topics.predictions.name,
+        "episodes": topics.episodes.name,
+        "dlq": topics.dlq.name,
+    }
+    items = [w.strip() for w in wanted.split(",") if w.strip()]
+    if not items:
+        raise ValueError("--topics names no output; use predictions, episodes, dlq or topic names")
+    chosen = []
+    for item in items:
+        name = names[item] + suffix if item in names else item
+        try:
+            TopicSpec(name, 1)
+        except ValueError as exc:
+            msg = f"{item!r} is not an output (predictions, episodes, dlq) or a topic name: {exc}"
+            raise ValueError(msg) from exc
+        if name not in chosen:
+            chosen.append(name)
+    return chosen
 
 
 @kafka_command("reset")

@@ -510,6 +510,32 @@ def end_offset(consumer: Any, tp: TP) -> int | None:
     return None if value is None else int(value)
 
 
+def store_get(table: Any, key: bytes) -> bytes | None:
+    """Read `key` from `table`'s local store (RocksDB), on the current event's partition."""
+    value: bytes | None = table.data.get(key)
+    return value
+
+
+def store_put(table: Any, key: bytes, value: bytes) -> None:
+    """Write `key` to `table`'s local store only (no changelog record), on the current
+    event's partition."""
+    table.data[key] = value
+
+
+def set_persisted_offset(table: Any, tp: TP, offset: int) -> None:
+    """Record that `table`'s local store holds its changelog partition `tp` up to `offset`
+    (a restart with the datadir kept reads the changelog from there)."""
+    table.data.set_persisted_offset(tp, offset)
+
+
+def wrap_changelog_apply(
+    table: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]
+) -> None:
+    """Replace how `table` applies a batch of changelog records (restores and standbys) by
+    `wrap(the current way)`."""
+    table.apply_changelog_batch = wrap(table.apply_changelog_batch)
+
+
 MEMBER: Final = "member"
 LOST: Final = "lost"
 REBALANCING: Final = "rebalancing"

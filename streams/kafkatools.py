@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
+import io
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -17,9 +17,10 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from engine import Event
 from schemas.events import encode_event
-from schemas.files import CsvColumns, FileFormat, read_lines
+from schemas.files import CsvColumns, FileFormat, read_lines, write_jsonl
 from schemas.outputs import decode_output
 from streams.admin import BrokerError, no_broker_message, quiet_aiokafka
+from streams.pretty import Tally, format_message
 from streams.progress import Progress
 
 
@@ -90,6 +91,10 @@ async def produce_events(
     return len(events)
 
 
+QUIET_S = 5.0
+"""With `--pretty`, a tally is printed once the outputs have been quiet this long."""
+
+
 async def tail_topics(
     bootstrap: str,
     topics: Sequence[str],
@@ -99,8 +104,14 @@ async def tail_topics(
     idle_s: float | None,
     out: TextIO,
     client: Mapping[str, Any] | None = None,
+    tally: Tally | None = None,
 ) -> int:
-    """Print output messages as they arrive, one JSON line each, until `limit` or `idle_s`."""
+    """Print output messages as they arrive, until `limit` or `idle_s`: one JSON line each, or,
+    with `tally`, one readable line each (streams/pretty.py), counted in `tally`, whose running
+    summary goes to stderr whenever the outputs fall quiet for `QUIET_S`.
+
+    The caller checked the broker and the topics (`streams.admin.require_broker`).
+    """
     consumer = AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
@@ -112,15 +123,26 @@ async def tail_topics(
     await consumer.start()
     shown = 0
     last = time.monotonic()
+    noted = True  # nothing shown since the last quiet note
     try:
         while limit is None or shown < limit:
             batches = await consumer.getmany(timeout_ms=500)
             records = [r for batch in batches.values() for r in batch]
-            if not records and idle_s is not None and time.monotonic() - last > idle_s:
+            quiet = time.monotonic() - last
+            if not records and idle_s is not None and quiet > idle_s:
                 break
+            if not records and tally is not None and not noted and quiet > QUIET_S:
+                print(f"-- quiet for {QUIET_S:g} s; so far: {tally.summary()}", file=sys.stderr)
+                noted = True
             for record in records:
                 last = time.monotonic()
-                out.write(_line(record.topic, record.value) + "\n")
+                noted = False
+                message = _decode(record.value)
+                if tally is None:
+                    out.write(_json_line(record.topic, message) + "\n")
+                else:
+                    tally.add(message)
+                    out.write(format_message(message, record.topic) + "\n")
                 shown += 1
                 if limit is not None and shown >= limit:
                     break
@@ -130,14 +152,23 @@ async def tail_topics(
     return shown
 
 
-def _line(topic: str, value: bytes | None) -> str:
+def _decode(value: bytes | None) -> dict[str, Any]:
+    """The output message, or `{"undecodable": <its first 64 bytes>}` if it is not a map."""
     try:
         message: Any = decode_output(value or b"")
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        message = None
+    if not isinstance(message, dict):
         message = {"undecodable": (value or b"")[:64].decode("latin-1")}
-    return json.dumps(
-        {"topic": topic, **message}, separators=(",", ":"), default=lambda b: b.decode("latin-1")
-    )
+    return message
+
+
+def _json_line(topic: str, message: Mapping[str, Any]) -> str:
+    """The message with its topic, as `oracular replay` writes it: a dead letter's own `topic`
+    (where the input came from) becomes `source_topic`."""
+    buffer = io.StringIO()
+    write_jsonl(buffer, dict(message), topic)
+    return buffer.getvalue().rstrip("\n")
 
 
 def run(coro: Any) -> Any:

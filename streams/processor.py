@@ -30,8 +30,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgpack
-
 from engine import (
     EngineConfig,
     EngineError,
@@ -50,6 +48,7 @@ from schemas.outputs import (
     prediction_message,
 )
 from schemas.stored import StoredUser, decode_stored, encode_stored, stored_index
+from schemas.ticks import decode_tick
 
 log = logging.getLogger(__name__)
 
@@ -533,8 +532,8 @@ class Processor:
         """Close the due episodes of the tick's partition at its watermark (after writing
         again the users a frozen worker may have left a stale changelog record of)."""
         self.counts["ticks"] += 1
-        decoded = _decode_tick(message.value)
-        rewrites = _tick_rewrites(decoded)
+        tick = decode_tick(message.value)
+        rewrites = tick.rewrite
         if rewrites:
             log.warning(
                 "partition %s: writing %s user(s) again whose last changelog record may be a "
@@ -543,7 +542,7 @@ class Processor:
                 len(rewrites),
             )
             self._write_again(batch, message, rewrites)
-        now = _tick_time(decoded) or wall_ms
+        now = tick.sent_at or wall_ms
         watermark = self.watermark(message.partition, caught_up, now)
         if watermark is not None:
             self.close_due(batch, message, watermark)
@@ -725,29 +724,3 @@ def _user_key(key: bytes | None, user: str) -> bytes:
         msg = f"the message key {text[:64]!r} is not its user {user[:64]!r}: key by user id"
         raise DecodeError(msg)
     return key
-
-
-def encode_tick(wall_ms: int, rewrite: Iterable[bytes] = ()) -> bytes:
-    """A tick's value: the wall-clock time it was sent at and, from a worker that was frozen
-    while writing states (`streams.app`), the keys whose last changelog record may be
-    stale: the partition's owner writes those users again."""
-    keys = list(rewrite)
-    value: bytes = msgpack.packb([wall_ms, keys] if keys else [wall_ms])
-    return value
-
-
-def _decode_tick(value: bytes | None) -> list[Any]:
-    try:
-        decoded = msgpack.unpackb(value or b"")
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        return []
-    return decoded if isinstance(decoded, list) else []
-
-
-def _tick_time(decoded: list[Any]) -> int | None:
-    return int(decoded[0]) if decoded and isinstance(decoded[0], int) else None
-
-
-def _tick_rewrites(decoded: list[Any]) -> list[bytes]:
-    keys = decoded[1] if len(decoded) > 1 and isinstance(decoded[1], list) else []
-    return [key for key in keys if isinstance(key, bytes)]

@@ -1,6 +1,7 @@
 """Every repository path, `make` target, `oracular` subcommand and flag, and `python -m` module
 quoted in the Markdown docs exists (README.md, docs/*.md, engine/README.md, BENCHMARKS.md and
-CHANGELOG.md's Unreleased section; released entries describe the past and stay as written).
+CHANGELOG.md's Unreleased section; released entries describe the past and stay as written, as
+do entries recording a removal or a rename).
 The product's docs and code cite no file that is not in the repository.
 
 Checked: every word of an inline code span or a fenced code block, every relative Markdown
@@ -90,9 +91,19 @@ def blank(match: re.Match[str]) -> str:
     return re.sub(r"[^\n]", " ", match.group(0))
 
 
+REMOVAL = re.compile(r"\b(removed|no longer|is gone|are gone|renamed|replaced)\b", re.IGNORECASE)
+
+
+def without_removals(changelog: str) -> str:
+    """The changelog with every entry that records a removal or rename blanked out: those name
+    what is no longer there on purpose."""
+    entry = re.compile(r"^- .*?(?=^- |^#|\Z)", re.MULTILINE | re.DOTALL)
+    return entry.sub(lambda m: blank(m) if REMOVAL.search(m.group(0)) else m.group(0), changelog)
+
+
 def doc_text(doc: str) -> str:
     text = (ROOT / doc).read_text()
-    return unreleased(text) if doc == "CHANGELOG.md" else text
+    return without_removals(unreleased(text)) if doc == "CHANGELOG.md" else text
 
 
 def words(code: str) -> Iterator[str]:
@@ -210,6 +221,10 @@ def test_the_checks_can_fail() -> None:
     assert path_problems("README.md", "as docs/nope.md and NOTES.md say") == [
         "README.md:1: docs/nope.md is not in the repository",
         "README.md:1: NOTES.md is not in the repository",
+    ]
+    log = "## [Unreleased]\n- `docs/gone.md` removed.\n- See `docs/nope.md`.\n## [0.1]\n- `docs/x`"
+    assert path_problems("CHANGELOG.md", without_removals(unreleased(log))) == [
+        "CHANGELOG.md:3: `docs/nope.md` is not in the repository"
     ]
     fine = "`make lint`, `oracular worker --processes 2`, `docs/time.md`, [t](time.md)"
     assert path_problems("docs/x.md", fine) == command_problems("docs/x.md", fine) == []

@@ -1,6 +1,6 @@
 """Durable state after a SIGKILL at each step of a batch (issue 9, item 4).
 
-`streams.app.KillSwitch` (`ORACULAR_TEST_KILL_AT=STEP:N`) SIGKILLs the worker right after one
+`streams.faults.KillSwitch` (`ORACULAR_TEST_KILL_AT=STEP:N`) SIGKILLs the worker right after one
 step of its N-th batch: `outputs` (delivered), `stored` (local RocksDB written), `changelog`
 (changelog records acknowledged) or `acked` (inputs acknowledged). For each step, with the
 datadir kept or deleted, a worker applies a generated stream while it is produced, its timer
@@ -42,7 +42,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from engine import Event
 from schemas.stored import decode_stored
-from streams.app import STATE_TABLE, KillSwitch
+from streams.app import STATE_TABLE
+from streams.faults import KillSwitch
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker, Record

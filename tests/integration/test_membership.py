@@ -1,7 +1,7 @@
 """`faust_patches.membership` against the real broker: the heartbeat a worker sends after a
 long pause tells it whether it is still a member of its group's current generation.
 
-A stalled worker asks before it writes (streams/app.py `_Runtime._may_write`), so the answer
+A stalled worker asks before it writes (streams/fencing.py `Fence.may_write`), so the answer
 must be right in both directions: a member that was evicted while frozen must hear "lost", and
 one that was not must hear "member" (else it would drop every batch after a pause).
 """

@@ -11,7 +11,8 @@ from engine import Event, Replayer
 from schemas.config import load_config
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
-from streams.processor import Batch, InMessage, Processor, Table, TimePolicy, encode_tick
+from schemas.ticks import encode_tick
+from streams.processor import Batch, InMessage, Processor, Table, TimePolicy
 from tests.streams.test_cli_replay import CONFIG
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
@@ -301,11 +302,12 @@ def test_a_repair_tick_writes_the_named_users_again_unchanged(config):
 
 
 def test_ticks_decode_with_or_without_repairs():
-    from streams.processor import _decode_tick, _tick_rewrites, _tick_time
+    from schemas.ticks import Tick, decode_tick
 
     assert encode_tick(7) == msgpack.packb([7])  # the format of ticks already in topics
-    assert _tick_time(_decode_tick(encode_tick(7, [b"k"]))) == 7
-    assert _tick_rewrites(_decode_tick(encode_tick(7, [b"k", b"l"]))) == [b"k", b"l"]
-    assert _tick_rewrites(_decode_tick(encode_tick(7))) == []
-    for junk in (b"", b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1, "x"])):
-        assert _tick_rewrites(_decode_tick(junk)) == []
+    assert decode_tick(encode_tick(7, [b"k", b"l"])) == Tick(7, [b"k", b"l"])
+    assert decode_tick(encode_tick(7)) == Tick(7, [])
+    for junk in (b"", None, b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([])):
+        assert decode_tick(junk) == Tick()
+    assert decode_tick(msgpack.packb([1, "x"])) == Tick(1, [])
+    assert decode_tick(msgpack.packb(["x", [b"k", 3]])) == Tick(None, [b"k"])

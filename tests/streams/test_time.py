@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from engine import END_OF_TIME, EngineConfig, Event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored, encode_stored
+from schemas.ticks import encode_tick
 from streams.offline import replay_outputs
-from streams.processor import Batch, InMessage, Processor, TimePolicy, encode_tick
+from streams.processor import Batch, InMessage, Processor, TimePolicy
 
 from .test_processor import DictTable
 

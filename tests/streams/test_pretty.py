@@ -1,0 +1,174 @@
+"""`oracular tail --pretty` lines, its tally, and which topics `tail` follows (no broker)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schemas.outputs import dlq_message
+from streams.cli_kafka import tail_topic_names
+from streams.kafkatools import _decode, _json_line
+from streams.pretty import Tally, duration, format_message, iso, kind
+from streams.topics import product_topics
+
+AT = 1_767_777_677_000  # 2026-01-07T09:21:17Z
+
+PREDICTION = {
+    "id": "user-00116:e7",
+    "user": "user-00116",
+    "at": AT,
+    "type": "event",
+    "event": "limit.hit",
+    "intents": {
+        "upgrade": {"p": 0.60412, "lower": 0.5011, "reveal": True, "suppressed_until": None},
+        "churn": {"p": 0.05, "lower": 0.01, "reveal": False, "suppressed_until": None},
+    },
+}
+OUTCOME = {
+    "id": "user-00116:e9",
+    "user": "user-00116",
+    "at": AT + 60_000,
+    "type": "event",
+    "event": "upgrade.completed",
+    "intents": {
+        "upgrade": {
+            "p": 0.15,
+            "lower": 0.05,
+            "reveal": False,
+            "suppressed_until": AT + 60_000 + 86_400_000,
+            "before_outcome": {"p": 0.6751, "lower": 0.58},
+        }
+    },
+}
+EPISODE = {
+    "id": "user-00116:1767775215000/2",
+    "user": "user-00116",
+    "started_at": AT - 2_462_000,
+    "closed_at": AT + 1_800_000,
+    "reason": "timeout",
+    "intents": {
+        "upgrade": {"verdict": "held", "signals": ["limit.hit", "pricing.viewed"]},
+        "churn": {"verdict": "miss", "signals": []},
+    },
+}
+
+
+def test_a_prediction_shows_time_user_event_and_p_and_reveal_per_intent():
+    assert format_message(PREDICTION) == (
+        "2026-01-07T09:21:17Z  user-00116  limit.hit               "
+        "upgrade p=0.604 REVEAL  churn p=0.050"
+    )
+
+
+def test_an_outcome_shows_the_p_it_wiped_and_the_cooldown():
+    assert format_message(OUTCOME) == (
+        "2026-01-07T09:22:17Z  user-00116  upgrade.completed       upgrade p=0.150 "
+        "OUTCOME (p was 0.675 before it) (cooldown until 2026-01-08T09:22:17Z)"
+    )
+
+
+def test_commands_are_named():
+    revealed = {**PREDICTION, "type": "revealed", "event": "upgrade"}
+    end = {**PREDICTION, "type": "end", "event": None}
+    assert "  revealed upgrade  " in format_message(revealed)
+    assert "  sign-out  " in format_message(end)
+
+
+def test_an_episode_close_shows_when_why_how_long_and_the_verdicts():
+    assert format_message(EPISODE) == (
+        "2026-01-07T09:51:17Z  user-00116  episode closed (timeout) after 1h11m: "
+        "upgrade held [limit.hit, pricing.viewed]; churn miss"
+    )
+
+
+def test_a_dead_letter_names_its_origin_and_reason_and_does_not_look_like_an_input():
+    record = dlq_message(
+        "invalid JSON: Expecting value",
+        topic="oracular.events",
+        partition=3,
+        offset=17,
+        key=b"u1",
+        value=b"{oops",
+    )
+    line = format_message(record, "oracular.events.dlq")
+    assert line == (
+        "dead letter from oracular.events partition 3 offset 17, key 'u1': "
+        "invalid JSON: Expecting value"
+    )
+    # The JSON form names the dead-letter topic; the input's topic is `source_topic`.
+    shown = json.loads(_json_line("oracular.events.dlq", record))
+    assert shown["topic"] == "oracular.events.dlq"
+    assert shown["source_topic"] == "oracular.events"
+    assert shown["error"] == "invalid JSON: Expecting value"
+
+
+def test_a_prediction_in_json_keeps_its_fields_and_gets_its_topic():
+    shown = json.loads(_json_line("demo.predictions", PREDICTION))
+    assert shown == {"topic": "demo.predictions", **PREDICTION}
+
+
+def test_other_messages_are_shown_with_their_topic():
+    assert kind({"undecodable": "x"}) == "unknown"
+    assert format_message({"undecodable": "\x93x"}, "t") == "undecodable message on t: '\\x93x'"
+    assert format_message({"a": 1}, "t") == "unknown message on t: {'a': 1}"
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0s"), (59_999, "59s"), (61_000, "1m01s"), (3_725_000, "1h02m"), (90_000_000, "1d01h")],
+)
+def test_durations(ms, text):
+    assert duration(ms) == text
+
+
+def test_iso_times_and_odd_values():
+    assert iso(0) == "1970-01-01T00:00:00Z"
+    assert iso(AT + 999) == "2026-01-07T09:21:17Z"
+    assert iso(None) == "None"
+    assert iso(True) == "True"
+
+
+def test_the_tally_counts_kinds_reveals_and_close_reasons():
+    tally = Tally()
+    assert tally.summary() == ("0 predictions (no reveals), 0 episodes closed, 0 dead letters")
+    for message in (PREDICTION, PREDICTION, OUTCOME, EPISODE, {**EPISODE, "reason": "end"}):
+        tally.add(message)
+    tally.add(dlq_message("bad", topic="t", partition=0, offset=1, key=None, value=b"x"))
+    tally.add({"undecodable": "x"})
+    assert tally.summary() == (
+        "3 predictions (2 reveals: upgrade 2), 2 episodes closed (1 by end, 1 by timeout), "
+        "1 dead letter, 1 other message"
+    )
+
+
+def test_tail_follows_roles_with_a_prefix_or_a_suffix_and_full_names():
+    topics = product_topics({"ORACULAR_TOPIC_PREFIX": "demo-1"})
+    assert tail_topic_names("predictions,episodes,dlq", topics) == [
+        "demo-1.predictions",
+        "demo-1.episodes",
+        "demo-1.events.dlq",
+    ]
+    plain = product_topics({})
+    assert tail_topic_names("predictions, dlq", plain, ".bf") == [
+        "oracular.predictions.bf",
+        "oracular.events.dlq.bf",
+    ]
+    # What `tail --topics oracular.predictions.bf` used to refuse ("unknown output").
+    assert tail_topic_names("oracular.predictions.bf,episodes,episodes", plain) == [
+        "oracular.predictions.bf",
+        "oracular.episodes",
+    ]
+
+
+@pytest.mark.parametrize("wanted", ["", " , ", "predictions,bad name!"])
+def test_tail_refuses_what_cannot_be_a_topic(wanted):
+    with pytest.raises(ValueError, match=r"output|topic"):
+        tail_topic_names(wanted, product_topics({}))
+
+
+@pytest.mark.parametrize("raw", [b"\xc1", b"\x05", b"[1]", b""])
+def test_what_is_not_an_output_map_is_shown_as_undecodable(raw):
+    message = _decode(raw)
+    assert message == {"undecodable": raw.decode("latin-1")}
+    assert format_message(message, "t").startswith("undecodable message on t: ")
