@@ -1,6 +1,6 @@
 """Every repository path, `make` target, `oracular` subcommand and flag, and `python -m` module
-quoted in the Markdown docs exists (README.md, docs/*.md, engine/README.md, BENCHMARKS.md and
-CHANGELOG.md's Unreleased section; released entries describe the past and stay as written, as
+quoted in the Markdown docs exists (README.md, docs/*.md, the packages' READMEs, BENCHMARKS.md
+and CHANGELOG.md's Unreleased section; released entries describe the past and stay as written, as
 do entries recording a removal or a rename).
 The product's docs and code cite no file that is not in the repository.
 
@@ -26,13 +26,13 @@ import pytest
 from streams.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [
-    "README.md",
-    "BENCHMARKS.md",
-    "CHANGELOG.md",
-    "engine/README.md",
-    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
-]
+DOCS = sorted(
+    subprocess.run(
+        ["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+)
+"""Every Markdown file of the repository: README.md, docs/*.md, CHANGELOG.md, BENCHMARKS.md,
+the packages' READMEs."""
 RUNTIME_DIRS = ("var/", ".cache/", ".venv/")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
