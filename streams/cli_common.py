@@ -38,9 +38,12 @@ WORKER_SETTINGS = (
 flag's name, help and variable); --config comes first, on its own."""
 
 
-def load_settings(args: argparse.Namespace, **overrides: str | None) -> Any:
+def load_settings(
+    args: argparse.Namespace, sources: dict[str, str] | None = None, **overrides: str | None
+) -> Any:
     """The settings of a command: defaults <- ORACULAR_* <- the setting flags in `args` <-
-    `overrides` (setting name -> text). Nothing is written to the environment.
+    `overrides` (setting name -> text; `sources` names the flag each came from, for
+    messages). Nothing is written to the environment.
 
     Raises:
         SettingsError: the settings' problems, one per line (`streams.cli.main` prints them
@@ -48,7 +51,8 @@ def load_settings(args: argparse.Namespace, **overrides: str | None) -> Any:
     """
     from streams import settings
 
-    return settings.load_settings(flags={**settings.flag_values(args), **overrides})
+    flags = {**settings.flag_values(args), **overrides}
+    return settings.load_settings(flags=flags, sources=sources)
 
 
 def kafka_settings(args: argparse.Namespace) -> Any:

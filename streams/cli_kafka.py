@@ -305,7 +305,8 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
                 ("dlq", topics.dlq),
             ):
                 overrides[f"topic_{role}"] = spec.name + args.output_suffix
-        settings = load_settings(args, **overrides)
+        sources = {name: "--output-suffix" for name in overrides if name.startswith("topic_")}
+        settings = load_settings(args, sources, **overrides)
     except SettingsError as exc:
         msg = f"bad settings:\n{exc}"
         raise ValueError(msg) from exc

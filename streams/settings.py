@@ -338,7 +338,7 @@ def load_settings(
                 {role: topic_inputs[f"topic_{role}"] for role in _TOPIC_ROLES},
             )
         except ValueError as exc:
-            named = [where_from[n] for n in _TOPIC_INPUTS[1:] if n in where_from]
+            named = list(dict.fromkeys(where_from[n] for n in _TOPIC_INPUTS[1:] if n in where_from))
             problems.append(f"{', '.join(named) or 'ORACULAR_TOPIC_PREFIX'}: {exc}")
     # An unreadable value is left at its default here, so the checks below report only the
     # readable values' problems: every problem is reported at once.

@@ -290,3 +290,11 @@ def test_backfill_settings_use_a_fresh_app_id_and_suffixed_outputs() -> None:
         "t.events.dlq.bf",
     ]
     assert _oracular_environment() == {}
+
+
+def test_a_backfill_suffix_that_makes_an_illegal_name_names_the_suffix() -> None:
+    from streams.cli_kafka import _backfill_settings
+
+    args = _parser().parse_args(["backfill", "--config", str(CONFIG), "--output-suffix", "/x"])
+    with pytest.raises(ValueError, match=r"^bad settings:\n--output-suffix: Topic name"):
+        _backfill_settings(args)
