@@ -1,8 +1,8 @@
 """The oracular engine: per-user episodes, online learning and calibrated intent predictions.
 
-A pure, deterministic port of the original oracular engine (`shared/seed/`, `SPEC.md`):
-standard library only, no I/O, no clock, no randomness; every transition returns a new state
-and leaves its input untouched.
+A pure, deterministic port of the original oracular engine (its model is explained in
+`engine/README.md`): standard library only, no I/O, no clock, no randomness; every transition
+returns a new state and leaves its input untouched.
 """
 
 from engine.config import EngineConfig, IntentConfig, LearningConfig

@@ -111,7 +111,9 @@ class EngineConfig:
             if intent.outcome is not None:
                 outcome_index.setdefault(intent.outcome, []).append(name)
             for signal in intent.signals:
-                if signal != intent.outcome:  # the seed: never seen, cannot learn from itself
+                if (
+                    signal != intent.outcome
+                ):  # the outcome is never a seen signal: it cannot learn from itself
                     signal_index.setdefault(signal, []).append(name)
         object.__setattr__(self, "signal_index", {k: tuple(v) for k, v in signal_index.items()})
         object.__setattr__(self, "outcome_index", {k: tuple(v) for k, v in outcome_index.items()})

@@ -186,6 +186,7 @@ def close_if_due(state: EngineState, watermark: int) -> Transition:
 
 
 def episode_closed(prev: EngineState, next_state: EngineState) -> bool:
-    """The seed's rule: prev had an episode open and next has a different one (or none)."""
+    """An episode closed between `prev` and `next_state`: prev had one open and next has a
+    different one (or none)."""
     started = prev.episode.started_at
     return started is not None and next_state.episode.started_at != started

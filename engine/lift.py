@@ -1,9 +1,11 @@
-"""From hits and misses to a weight: the seed's learning formulas as small pure functions.
+"""From hits and misses to a weight: the learning formulas as small pure functions.
 
-Ported from the original oracular engine's reference page "Episodes & learning"
-(`shared/seed/episodes-and-learning.txt`), sections "From hits and misses to a weight" and
-"Choosing a lift formula". Names follow the seed: q is the outcome rate with the signal, b the
-rate without it, both Laplace-smoothed.
+A signal's counts (hits: episodes with it that ended in the outcome; misses: those that did
+not) and the intent's base rate give q, the outcome rate with the signal, and b, the rate
+without it, both Laplace-smoothed. A lift measure compares them and maps the result to an
+evidence score in [−1, 1]; the learned weight is gain × |w0| × score, and the effective weight
+blends it with the initial weight w0 by the contrast count nEff (engine/README.md, "The model").
+The formulas and their names are the original oracular engine's.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
-EPSILON: Final = sys.float_info.epsilon  # 2.220446049250313e-16, the seed's Number.EPSILON
+EPSILON: Final = sys.float_info.epsilon  # 2.220446049250313e-16, as JavaScript's Number.EPSILON
 
 DEFAULT_LIFT: Final = "normalized-difference"
 
 
 def _clamp(rate: float) -> float:
-    """Clamp a rate to [ε, 1 − ε] so ratio and log measures stay finite (the seed's clamp)."""
+    """Clamp a rate to [ε, 1 − ε] so ratio and log measures stay finite."""
     return min(max(rate, EPSILON), 1.0 - EPSILON)
 
 

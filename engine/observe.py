@@ -1,6 +1,6 @@
 """`observe`: one event applied to one user's state.
 
-Order inside `observe(state, name, at)` (SPEC §3):
+Order inside `observe(state, name, at)`:
 1. close a timed-out episode at last event + episodeTimeout;
 2. settle held episodes whose attribution window ended before `at`;
 3. open or extend the episode, then for each intent: the outcome path if `name` is its

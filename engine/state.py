@@ -2,8 +2,7 @@
 
 Mappings inside the state are plain dicts treated as read-only: a transition builds new dicts
 for what it changes and shares everything else with the previous state (structural sharing), so
-`prev` stays valid after `observe` returns `next`, as the seed's `episode_closed(prev, next)`
-needs.
+`prev` stays valid after `observe` returns `next`, as `episode_closed(prev, next)` needs.
 
 Counts and evidence that decay are stored *valued at* a time (`at`): the stored number is the
 amount as of `at`, and a read at a later time t multiplies it by 2^(−(t − at)/halfLife).
@@ -54,7 +53,7 @@ class PendingEpisode:
     """Epoch ms the episode closed; its window ends at closed_at + attribution."""
     signals: list[str]
     """The intent's signals seen in it (sorted), each to get a share of a hit or a miss.
-    A list, as the seed's `PendingEpisode` has; never mutated (replaced with the episode)."""
+    A list, never mutated (replaced with the episode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ class IntentState:
     """The outcome arrived in the open episode: the close gives no miss and holds nothing."""
     pending: list[PendingEpisode] = field(default_factory=list)
     """Closed episodes waiting for the outcome (attribution), oldest first, at most 32.
-    A list, as the seed's `IntentState.pending`; replaced wholesale, never mutated."""
+    A list, replaced wholesale, never mutated."""
     last_outcome_at: int | None = None
     last_revealed_at: int | None = None
 

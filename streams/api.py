@@ -58,14 +58,14 @@ from streams.serving import (
     read_user,
     route,
 )
-from streams.settings import Settings
+from streams.settings import DEFAULT_API_PORT, Settings
 
 log = logging.getLogger("oracular.api")
 
 YIELD_EVERY = 32
 """A batch lookup gives the event loop back after this many users decoded."""
 EXIT_UNAVAILABLE = 69
-DEFAULT_PORT = 6067
+DEFAULT_PORT = DEFAULT_API_PORT
 """The API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
 
 

@@ -81,7 +81,9 @@ def create_app(
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=max(settings.session_timeout_s / 5, 1.0),
         broker_commit_interval=settings.commit_interval_s,
-        # At-least-once: Faust's exactly-once mode has open bugs (research notes, section D).
+        # At-least-once, not Faust's exactly_once (transactions; open issues in faust-streaming):
+        # redeliveries are skipped by each user's last applied offset, and a re-sent output
+        # keeps its id, so consumers drop it (docs/operations.md, "What the worker does").
         processing_guarantee="at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from engine import ConfigError
 from streams import cli_kafka, cli_offline
 from streams.cli_common import EXIT_USAGE
+from streams.settings import SettingsError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"oracular: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except SettingsError as exc:
+        name = f"oracular {args.command}" if getattr(args, "command", None) else "oracular"
+        print(f"{name}: bad settings:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:  # `oracular replay ... | head` is fine
         return 0
 
@@ -36,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="oracular",
         description="Real-time intent prediction on Kafka: the oracular engine per user.",
     )
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
     cli_offline.register(commands)
     cli_kafka.register(commands)
     return parser

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from engine import ConfigError
 from schemas.files import CsvColumns
 
 Command = Callable[[argparse.Namespace], int]
@@ -19,44 +17,49 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker is not there or refused
 """The broker (or a worker's API) is not there, refused, or a topic is missing."""
 
-WORKER_FLAGS = [
-    ("--broker", "ORACULAR_BROKER", "bootstrap servers host:port[,host:port]"),
-    ("--app-id", "ORACULAR_APP_ID", "Faust app id: consumer group and internal topic prefix"),
-    ("--datadir", "ORACULAR_DATADIR", "RocksDB state directory (default var/faust/APP_ID)"),
-    ("--partitions", "ORACULAR_PARTITIONS", "partitions of every product topic (default 8)"),
-    ("--topic-prefix", "ORACULAR_TOPIC_PREFIX", "topic names <prefix>.events etc."),
-    ("--tick-interval", "ORACULAR_TICK_INTERVAL_S", "seconds between timer ticks (default 1)"),
-    ("--lateness-ms", "ORACULAR_LATENESS_MS", "watermark lag behind event time (120000)"),
-    ("--idle-ms", "ORACULAR_IDLE_MS", "idle time before the wall clock runs (30000)"),
-    ("--max-skew-ms", "ORACULAR_MAX_SKEW_MS", "event time ahead of record time (60000)"),
-    ("--output-format", "ORACULAR_OUTPUT_FORMAT", "msgpack (default) or json"),
-    ("--web-port", "ORACULAR_WEB_PORT", "serve Faust's web views on this port"),
-    ("--api-host", "ORACULAR_API_HOST", "lookup API bind address (default 127.0.0.1)"),
-    ("--api-port", "ORACULAR_API_PORT", "lookup API port (default 6067; 0: a free port)"),
-    ("--api-url", "ORACULAR_API_URL", "lookup API URL other workers use (http://host:port)"),
-    ("--ready-max-lag", "ORACULAR_READY_MAX_LAG", "/readyz fails above this input lag (10000)"),
-]
+WORKER_SETTINGS = (
+    "broker",
+    "app_id",
+    "datadir",
+    "partitions",
+    "topic_prefix",
+    "tick_interval_s",
+    "lateness_ms",
+    "idle_ms",
+    "max_skew_ms",
+    "output_format",
+    "web_port",
+    "api_host",
+    "api_port",
+    "api_url",
+    "ready_max_lag",
+)
+"""The settings `oracular worker` and `backfill` take as flags (streams/settings.py has each
+flag's name, help and variable); --config comes first, on its own."""
 
 
-def apply_worker_flags(args: argparse.Namespace) -> None:
-    """Put the worker flags given (and --config) into the ORACULAR_* environment."""
-    if getattr(args, "config", None):
-        os.environ["ORACULAR_CONFIG"] = args.config
-    for _, var, _ in WORKER_FLAGS:
-        if getattr(args, var, None) is not None:
-            os.environ[var] = getattr(args, var)
+def load_settings(
+    args: argparse.Namespace, sources: dict[str, str] | None = None, **overrides: str | None
+) -> Any:
+    """The settings of a command: defaults <- ORACULAR_* <- the setting flags in `args` <-
+    `overrides` (setting name -> text; `sources` names the flag each came from, for
+    messages). Nothing is written to the environment.
+
+    Raises:
+        SettingsError: the settings' problems, one per line (`streams.cli.main` prints them
+            and exits EXIT_USAGE).
+    """
+    from streams import settings
+
+    flags = {**settings.flag_values(args), **overrides}
+    return settings.load_settings(flags=flags, sources=sources)
 
 
 def kafka_settings(args: argparse.Namespace) -> Any:
-    """Settings from the environment, with --broker applied."""
-    from streams.settings import SettingsError, settings_from_env
-
-    if getattr(args, "broker", None):
-        os.environ["ORACULAR_BROKER"] = args.broker
-    try:
-        return settings_from_env()
-    except SettingsError as exc:
-        raise ConfigError([("settings", str(exc))]) from exc
+    """Settings from the environment, with --broker (produce, tail, reset) and --topic-prefix
+    (tail) applied; a command's other flags are its own, not settings."""
+    flags = {name: getattr(args, name, None) for name in ("broker", "topic_prefix")}
+    return load_settings(argparse.Namespace(**flags))
 
 
 def unavailable(command: str, exc: BaseException) -> int:

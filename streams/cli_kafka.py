@@ -17,14 +17,15 @@ from schemas.events import DecodeError
 from schemas.events import _time as parse_time
 from streams.cli_common import (
     EXIT_USAGE,
-    WORKER_FLAGS,
-    apply_worker_flags,
+    WORKER_SETTINGS,
     columns,
     input_arguments,
     kafka_command,
     kafka_settings,
+    load_settings,
 )
 from streams.progress import Progress
+from streams.settings import add_flag
 
 
 def register(commands: Any) -> None:
@@ -46,9 +47,8 @@ def _add_worker(commands: Any) -> None:
         "  ORACULAR_PARTITIONS=16 oracular worker --config cfg.yaml --datadir /data/w1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument("--config", help="the engine config (ORACULAR_CONFIG)")
-    for flag, var, what in WORKER_FLAGS:
-        worker.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
+    for name in ("config_path", *WORKER_SETTINGS):
+        add_flag(worker, name)
     worker.add_argument("--loglevel", default="info", help="Faust log level (default info)")
     worker.add_argument(
         "--no-create-topics",
@@ -81,20 +81,16 @@ def _add_backfill(commands: Any) -> None:
         "--output-suffix .backfill",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    backfill.add_argument(
-        "--config",
+    add_flag(
+        backfill,
+        "config_path",
         required=not os.environ.get("ORACULAR_CONFIG"),
-        help="the engine config (required unless ORACULAR_CONFIG is set)",
+        text="the engine config (required unless ORACULAR_CONFIG is set)",
     )
-    for flag, var, what in WORKER_FLAGS:
-        if var != "ORACULAR_APP_ID":
-            backfill.add_argument(flag, dest=var, metavar=var.removeprefix("ORACULAR_"), help=what)
-    backfill.add_argument(
-        "--app-id",
-        dest="ORACULAR_APP_ID",
-        metavar="APP_ID",
-        help="a fresh app id (default: <app id>-backfill-<UTC time>)",
-    )
+    for name in WORKER_SETTINGS:
+        if name != "app_id":
+            add_flag(backfill, name)
+    add_flag(backfill, "app_id", text="a fresh app id (default: <app id>-backfill-<UTC time>)")
     backfill.add_argument(
         "--since",
         help="start at the first record whose Kafka timestamp is at or after this time "
@@ -125,7 +121,7 @@ def _add_produce(commands: Any) -> None:
     produce.add_argument(
         "events", help="events file: JSON lines, a msgpack stream or CSV (native/Segment events)"
     )
-    produce.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    add_flag(produce, "broker")
     produce.add_argument(
         "--now",
         action="store_true",
@@ -153,7 +149,7 @@ def _add_tail(commands: Any) -> None:
         "  oracular tail --topics oracular.predictions.bf,oracular.events.dlq.bf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tail.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    add_flag(tail, "broker")
     tail.add_argument("--from-beginning", action="store_true")
     tail.add_argument("--max", type=int, help="stop after this many messages")
     tail.add_argument("--idle", type=float, help="stop after this many seconds without messages")
@@ -163,11 +159,11 @@ def _add_tail(commands: Any) -> None:
         help="outputs (predictions, episodes, dlq) or full topic names (default "
         "predictions,episodes,dlq)",
     )
-    tail.add_argument(
-        "--topic-prefix",
-        dest="ORACULAR_TOPIC_PREFIX",
+    add_flag(
+        tail,
+        "topic_prefix",
         metavar="PREFIX",
-        help="the outputs of a run with this topic prefix (ORACULAR_TOPIC_PREFIX)",
+        text="the outputs of a run with this topic prefix (ORACULAR_TOPIC_PREFIX)",
     )
     tail.add_argument(
         "--output-suffix",
@@ -196,7 +192,7 @@ def _add_reset(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     reset.add_argument("app_id")
-    reset.add_argument("--broker", help="bootstrap servers (ORACULAR_BROKER)")
+    add_flag(reset, "broker")
     reset.add_argument("--datadir", help="the app's local state (default var/faust/APP_ID)")
     reset.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     reset.set_defaults(run=run_reset)
@@ -208,14 +204,8 @@ def run_worker(args: argparse.Namespace) -> int:
     import asyncio
 
     from streams.admin import prepare_deployment
-    from streams.settings import SettingsError, settings_from_env
 
-    apply_worker_flags(args)
-    try:
-        settings = settings_from_env()
-    except SettingsError as exc:
-        print(f"oracular worker: bad settings:\n{exc}", file=sys.stderr)
-        return EXIT_USAGE
+    settings = load_settings(args)
     config = load_config(settings.config_path)
     asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
     if args.processes < 1:
@@ -223,6 +213,7 @@ def run_worker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.processes > 1:
         from streams.processes import child_environments, main_env, run_processes
+        from streams.settings import as_environment, flag_values
 
         partitions = settings.topics.events.partitions
         if args.processes > partitions:
@@ -232,7 +223,10 @@ def run_worker(args: argparse.Namespace) -> int:
                 "on new topics, or add partitions to the topics, to use more)",
                 file=sys.stderr,
             )
-        environments = child_environments(args.processes, main_env(), settings.state_dir)
+        # Each child is a worker reading its settings as this one did: the flags given here
+        # reach it as their variables, in its own environment (never this process's).
+        env = {**main_env(), **as_environment(flag_values(args))}
+        environments = child_environments(args.processes, env, settings.state_dir)
         return run_processes(["--loglevel", args.loglevel, "--no-create-topics"], environments)
     from streams.app import create_app
 
@@ -295,22 +289,24 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
     """Settings with a fresh app id and suffixed outputs, and the --since time."""
     import time
 
-    from streams.settings import SettingsError, settings_from_env
+    from streams.settings import SettingsError
 
-    if args.ORACULAR_APP_ID is None:
-        base = os.environ.get("ORACULAR_APP_ID", "oracular")
-        args.ORACULAR_APP_ID = f"{base}-backfill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-    apply_worker_flags(args)
     try:
+        settings = load_settings(args)
+        overrides: dict[str, str | None] = {}
+        if args.app_id is None:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            overrides["app_id"] = f"{settings.app_id}-backfill-{stamp}"
         if args.output_suffix:
-            topics = settings_from_env().topics
+            topics = settings.topics
             for role, spec in (
-                ("PREDICTIONS", topics.predictions),
-                ("EPISODES", topics.episodes),
-                ("DLQ", topics.dlq),
+                ("predictions", topics.predictions),
+                ("episodes", topics.episodes),
+                ("dlq", topics.dlq),
             ):
-                os.environ[f"ORACULAR_TOPIC_{role}"] = spec.name + args.output_suffix
-        settings = settings_from_env()
+                overrides[f"topic_{role}"] = spec.name + args.output_suffix
+        sources = {name: "--output-suffix" for name in overrides if name.startswith("topic_")}
+        settings = load_settings(args, sources, **overrides)
     except SettingsError as exc:
         msg = f"bad settings:\n{exc}"
         raise ValueError(msg) from exc
@@ -391,14 +387,10 @@ def run_produce(args: argparse.Namespace) -> int:
 @kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
     """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
-    import os
-
     from streams.kafkatools import run, tail_topics
     from streams.pretty import Tally
 
-    if args.ORACULAR_TOPIC_PREFIX is not None:
-        os.environ["ORACULAR_TOPIC_PREFIX"] = args.ORACULAR_TOPIC_PREFIX
-    settings = kafka_settings(args)
+    settings = kafka_settings(args)  # --broker and --topic-prefix
     try:
         topics = tail_topic_names(args.topics, settings.topics, args.output_suffix)
     except ValueError as exc:
@@ -509,19 +501,19 @@ def _add_query(commands: Any) -> None:
 def run_query(args: argparse.Namespace) -> int:
     """`oracular query USER`: one lookup, printed readably (or as JSON)."""
     import json
-    import os
 
     from streams.query import QueryError, default_url, lookup, render
 
+    settings = load_settings(argparse.Namespace())  # ORACULAR_API_URL/_HOST/_PORT/_TOKEN
     try:
         body = lookup(
-            args.url or default_url(),
+            args.url or default_url(settings),
             args.user,
             intent=args.intent,
             explain=args.explain,
             stale=args.stale,
             at=args.at,
-            token=os.environ.get("ORACULAR_API_TOKEN") or None,
+            token=settings.api_token,
         )
     except QueryError as exc:
         print(f"oracular query: {exc.message}", file=sys.stderr)

@@ -7,7 +7,6 @@ are the other commands' (streams/cli_common.py): 69 when no worker's API answers
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,8 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
-
-DEFAULT_URL = "http://127.0.0.1:6067"
+from streams.settings import DEFAULT_API_PORT, Settings
 
 
 @dataclass(frozen=True)
@@ -29,13 +27,12 @@ class QueryError(Exception):
     code: int
 
 
-def default_url(env: dict[str, str] | None = None) -> str:
-    """ORACULAR_API_URL, else the local worker's API (ORACULAR_API_PORT, default 6067)."""
-    env = dict(os.environ) if env is None else env
-    if env.get("ORACULAR_API_URL"):
-        return env["ORACULAR_API_URL"].rstrip("/")
-    port = env.get("ORACULAR_API_PORT") or "6067"
-    host = env.get("ORACULAR_API_HOST") or "127.0.0.1"
+def default_url(settings: Settings) -> str:
+    """ORACULAR_API_URL, else the local worker's API (ORACULAR_API_HOST, ORACULAR_API_PORT)."""
+    if settings.api_url:
+        return settings.api_url.rstrip("/")
+    port = DEFAULT_API_PORT if settings.api_port is None else settings.api_port
+    host = settings.api_host
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
     return f"http://{host}:{port}"

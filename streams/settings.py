@@ -1,12 +1,23 @@
-"""Worker settings: environment variables (`ORACULAR_*`), overridable by `oracular worker` flags.
+"""Worker settings, defined once: defaults <- environment (`ORACULAR_*`) <- command-line flags.
+
+`SETTINGS` below is the one table of every deployment knob: its name, type, default, environment
+variable, `oracular worker` flag (if it has one) and what it means. Everything else is derived
+from it: the `Settings` object's defaults, `load_settings` (the one builder: `oracular worker`,
+`backfill`, `produce`, `tail`, `reset`, `query` and `faust -A streams.app worker` all read their
+settings through it), the flags' help texts (`add_flag`) and the settings table in
+docs/operations.md (`markdown_table`; a test fails when the page differs, and
+`python -m streams.settings` prints the table to paste).
 
 The engine's config (intents, signals, episodes) is a separate file (`ORACULAR_CONFIG`); these
-are the deployment's knobs. Defaults point at the broker `make broker-up` starts. Credentials
-are read here and never logged (`Settings.__repr__` hides them).
+are the deployment's knobs. There is no settings file: a deployment sets variables or flags.
+Defaults point at the broker `make broker-up` starts. Credentials are read here and never
+logged (`Settings.__repr__` and `describe` leave them out).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import ssl
 from collections.abc import Mapping
@@ -14,10 +25,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from streams.topics import ProductTopics, product_topics
+from streams.topics import ProductTopics, declare_topics
 
 DEFAULT_BROKER: Final = "127.0.0.1:9092"
 DEFAULT_APP_ID: Final = "oracular"
+DEFAULT_API_PORT: Final = 6067
+"""The lookup API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
 
 # RocksDB's defaults are per partition DB (64 MiB write buffer x 3 and a 2 GiB block cache):
 # with 8 partitions that is GiBs. These bound one worker's table to ~100 MiB per partition.
@@ -29,83 +42,194 @@ ROCKSDB_OPTIONS: Final = {
 
 
 class SettingsError(ValueError):
-    """A setting has a value the worker cannot use; the message names the variable."""
+    """A setting has a value the worker cannot use; one line per problem, each naming the
+    variable or flag the value came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    """The `Settings` attribute (topic_* and partitions: inputs of `Settings.topics`)."""
+    env: str
+    """Its environment variable."""
+    kind: type
+    """int, float, str or Path: how the variable's text is read."""
+    default: Any
+    """The value when neither variable nor flag is given (None: unset)."""
+    help: str
+    """What it means: the flag's help text and the doc table's last column."""
+    flag: str | None = None
+    """The `oracular worker` / `oracular backfill` flag, if it has one."""
+    shown: str | None = None
+    """The default as shown in help and docs when it is not simply `default` (computed)."""
+    secret: bool = False
+    """Never logged nor shown."""
+
+    def default_text(self) -> str:
+        """The default, as help texts and the doc table show it."""
+        if self.shown is not None:
+            return self.shown
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, float) and self.default.is_integer():
+            return str(int(self.default))
+        return str(self.default)
+
+
+_TOPIC_ROLES: Final = {
+    "events": "input",
+    "ticks": "timer's",
+    "predictions": "predictions",
+    "episodes": "closed episodes",
+    "dlq": "dead-letter",
+}
+"""Topic role -> what the docs call its topic."""
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting("config_path", "ORACULAR_CONFIG", Path, Path("examples/oracular.yaml"),
+            "the engine config, YAML or JSON (docs/configuration.md)", "--config"),
+    Setting("broker", "ORACULAR_BROKER", str, DEFAULT_BROKER,
+            "bootstrap servers host:port[,host:port]", "--broker"),
+    Setting("app_id", "ORACULAR_APP_ID", str, DEFAULT_APP_ID,
+            "Faust app id: consumer group and prefix of its internal (changelog) topics",
+            "--app-id"),
+    Setting("datadir", "ORACULAR_DATADIR", Path, None,
+            "RocksDB and Faust state; one per worker", "--datadir",
+            shown="var/faust/<app id>"),
+    Setting("partitions", "ORACULAR_PARTITIONS", int, 8,
+            "partitions of every product topic and of the state table", "--partitions"),
+    Setting("topic_prefix", "ORACULAR_TOPIC_PREFIX", str, "oracular",
+            "topics are named PREFIX.events, PREFIX.ticks, PREFIX.predictions, PREFIX.episodes "
+        "and PREFIX.events.dlq",
+            "--topic-prefix"),
+    *(
+        Setting(f"topic_{role}", f"ORACULAR_TOPIC_{role.upper()}", str, None,
+                f"a full name for the {_TOPIC_ROLES[role]} topic instead of the prefixed one",
+                shown=f"PREFIX.{'events.dlq' if role == 'dlq' else role}")
+        for role in _TOPIC_ROLES
+    ),
+    Setting("tick_interval_s", "ORACULAR_TICK_INTERVAL_S", float, 1.0,
+            "seconds between the timer's ticks of each owned partition", "--tick-interval"),
+    Setting("lateness_ms", "ORACULAR_LATENESS_MS", int, 120_000,
+            "the watermark trails the newest event time by this; disorder across users within "
+            "it changes nothing (docs/time.md)", "--lateness-ms"),
+    Setting("idle_ms", "ORACULAR_IDLE_MS", int, 30_000,
+            "a caught-up partition without input this long runs its clock on with the wall "
+            "clock, so silent users close on time", "--idle-ms"),
+    Setting("max_skew_ms", "ORACULAR_MAX_SKEW_MS", int, 60_000,
+            "an event time may run this far ahead of its record's timestamp and still move "
+            "the watermark", "--max-skew-ms"),
+    Setting("output_format", "ORACULAR_OUTPUT_FORMAT", str, "msgpack",
+            "msgpack or json, on the output topics", "--output-format"),
+    Setting("web_port", "ORACULAR_WEB_PORT", int, None,
+            "serve Faust's web views on this port (unset: no web server)", "--web-port"),
+    Setting("batch_max", "ORACULAR_BATCH_MAX", int, 500,
+            "most messages applied per batch (one state read and write per user)"),
+    Setting("state_cache_users", "ORACULAR_STATE_CACHE_USERS", int, 50_000,
+            "decoded user states kept between batches, least recently used evicted (0: no "
+            "cache); each costs a few KiB and saves a read and a decode (BENCHMARKS.md)"),
+    Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.01,
+            "longest wait to fill a batch: latency against batch size (10 ms: p99 34 ms at "
+            "half load against 96 ms with 50 ms, at the same throughput; BENCHMARKS.md)"),
+    Setting("summary_interval_s", "ORACULAR_SUMMARY_INTERVAL_S", float, 30.0,
+            "how often the worker logs its counters"),
+    Setting("commit_interval_s", "ORACULAR_COMMIT_INTERVAL_S", float, 1.0,
+            "how often consumed offsets are committed"),
+    Setting("session_timeout_s", "ORACULAR_SESSION_TIMEOUT_S", float, 10.0,
+            "a dead worker leaves the group after this"),
+    Setting("replication_factor", "ORACULAR_REPLICATION_FACTOR", int, 1,
+            "replication of the topics the worker creates (use 3 on a real cluster)"),
+    Setting("standby_replicas", "ORACULAR_STANDBY_REPLICAS", int, 0,
+            "table standbys on other workers (0 for one worker)"),
+    Setting("security_protocol", "ORACULAR_SECURITY_PROTOCOL", str, "PLAINTEXT",
+            "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+    Setting("sasl_mechanism", "ORACULAR_SASL_MECHANISM", str, "PLAIN",
+            "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+    Setting("sasl_username", "ORACULAR_SASL_USERNAME", str, None,
+            "SASL user name (never logged)", secret=True),
+    Setting("sasl_password", "ORACULAR_SASL_PASSWORD", str, None,
+            "SASL password (never logged)", secret=True),
+    Setting("ssl_cafile", "ORACULAR_SSL_CAFILE", str, None,
+            "CA bundle for SSL and SASL_SSL (unset: the system's)"),
+    Setting("ssl_certfile", "ORACULAR_SSL_CERTFILE", str, None,
+            "client certificate for mutual TLS"),
+    Setting("ssl_keyfile", "ORACULAR_SSL_KEYFILE", str, None,
+            "the client certificate's private key (never logged)", secret=True),
+    Setting("api_host", "ORACULAR_API_HOST", str, "127.0.0.1",
+            "the lookup API's bind address (docs/serving.md)", "--api-host"),
+    Setting("api_port", "ORACULAR_API_PORT", int, None,
+            f"the lookup API's port; 0 picks a free one. Unset: {DEFAULT_API_PORT}, or a free "
+            f"port when {DEFAULT_API_PORT} is taken (a second worker on one host); the port is "
+            "logged and advertised", "--api-port", shown=str(DEFAULT_API_PORT)),
+    Setting("api_url", "ORACULAR_API_URL", str, None,
+            "the URL other workers forward lookups to (set it behind NAT or in containers)",
+            "--api-url", shown="http://<host>:<port>"),
+    Setting("api_token", "ORACULAR_API_TOKEN", str, None,
+            "bearer token required by every API endpoint but /livez (never logged)",
+            secret=True),
+    Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
+            "a lookup forwarded to the owning worker gives up after this (504)"),
+    Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
+            "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
+)  # fmt: skip
+"""The settings table: every deployment knob, in the order the docs list them."""
+
+BY_NAME: Final = {s.name: s for s in SETTINGS}
+BY_FLAG: Final = {s.flag: s for s in SETTINGS if s.flag}
+ENV_VARS: Final = {s.name: s.env for s in SETTINGS}
+"""Setting name -> its environment variable."""
+_TOPIC_INPUTS: Final = ("partitions", "topic_prefix", *(f"topic_{r}" for r in _TOPIC_ROLES))
+
+
+def _default(name: str) -> Any:
+    return BY_NAME[name].default
+
+
+def _default_topics() -> ProductTopics:
+    return declare_topics(_default("topic_prefix"), _default("partitions"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """Everything a worker needs besides the engine config."""
+    """Everything a worker needs besides the engine config; each field is a row of `SETTINGS`
+    (its meaning, variable and flag are there), but `topics`, which the rows partitions,
+    topic_prefix and topic_* declare."""
 
-    config_path: Path = Path("examples/oracular.yaml")
-    """ORACULAR_CONFIG: the engine config file (YAML or JSON)."""
-    broker: str = DEFAULT_BROKER
-    """ORACULAR_BROKER: bootstrap servers, `host:port[,host:port]`."""
-    app_id: str = DEFAULT_APP_ID
-    """ORACULAR_APP_ID: the Faust app id: consumer group and internal topic prefix."""
-    datadir: Path | None = None
-    """ORACULAR_DATADIR: RocksDB and Faust state; default var/faust/<app id>."""
-    topics: ProductTopics = field(default_factory=product_topics)
-    """ORACULAR_TOPIC_PREFIX / ORACULAR_TOPIC_* / ORACULAR_PARTITIONS (streams/topics.py)."""
-    tick_interval_s: float = 1.0
-    """ORACULAR_TICK_INTERVAL_S: how often the timer ticks each owned partition."""
-    lateness_ms: int = 120_000
-    """ORACULAR_LATENESS_MS: the watermark trails the largest event time by this; disorder
-    across users within it changes nothing (docs/time.md)."""
-    idle_ms: int = 30_000
-    """ORACULAR_IDLE_MS: a caught-up partition without input this long runs its clock on with
-    the wall clock, so silent users close on time (docs/time.md)."""
-    max_skew_ms: int = 60_000
-    """ORACULAR_MAX_SKEW_MS: how far an event time may run ahead of its record's timestamp
-    and moves the watermark (docs/time.md)."""
-    state_cache_users: int = 50_000
-    """ORACULAR_STATE_CACHE_USERS: decoded user states kept between batches (most recently
-    used); each costs a few KiB of memory and saves a read and a decode (BENCHMARKS.md)."""
-    batch_max: int = 500
-    """ORACULAR_BATCH_MAX: most messages applied per batch (one state read/write per user)."""
-    batch_window_s: float = 0.01
-    """ORACULAR_BATCH_WINDOW_S: longest wait to fill a batch (10 ms: p99 34 ms at half load
-    against 96 ms with 50 ms, at the same throughput; BENCHMARKS.md)."""
-    output_format: str = "msgpack"
-    """ORACULAR_OUTPUT_FORMAT: msgpack or json, for the output topics."""
-    summary_interval_s: float = 30.0
-    """ORACULAR_SUMMARY_INTERVAL_S: how often the worker logs its counters."""
-    replication_factor: int = 1
-    """ORACULAR_REPLICATION_FACTOR: for the internal topics Faust creates (changelog)."""
-    standby_replicas: int = 0
-    """ORACULAR_STANDBY_REPLICAS: table standbys on other workers (0 for one worker)."""
-    session_timeout_s: float = 10.0
-    """ORACULAR_SESSION_TIMEOUT_S: a dead worker leaves the group after this."""
-    commit_interval_s: float = 1.0
-    """ORACULAR_COMMIT_INTERVAL_S: how often consumed offsets are committed."""
-    web_port: int | None = None
-    """ORACULAR_WEB_PORT: serve Faust's web views on this port; unset: no web server."""
-    security_protocol: str = "PLAINTEXT"
-    """ORACULAR_SECURITY_PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
-    sasl_mechanism: str = "PLAIN"
-    """ORACULAR_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."""
-    sasl_username: str | None = field(default=None, repr=False)
-    """ORACULAR_SASL_USERNAME."""
-    sasl_password: str | None = field(default=None, repr=False)
-    """ORACULAR_SASL_PASSWORD (never logged)."""
-    ssl_cafile: str | None = None
-    """ORACULAR_SSL_CAFILE: CA bundle for SSL / SASL_SSL (default: the system's)."""
-    ssl_certfile: str | None = None
-    """ORACULAR_SSL_CERTFILE: client certificate for mutual TLS."""
-    ssl_keyfile: str | None = field(default=None, repr=False)
-    """ORACULAR_SSL_KEYFILE: its private key."""
-    api_host: str = "127.0.0.1"
-    """ORACULAR_API_HOST: the lookup API's bind address (docs/serving.md)."""
-    api_port: int | None = None
-    """ORACULAR_API_PORT: the lookup API's port; 0 picks a free one. Unset: 6067, or a free
-    port when 6067 is taken (a second worker on one host). The port is logged and advertised."""
-    api_url: str | None = None
-    """ORACULAR_API_URL: how other workers reach this one's API (default http://host:port)."""
-    api_token: str | None = field(default=None, repr=False)
-    """ORACULAR_API_TOKEN: bearer token required by every endpoint but /livez (never logged)."""
-    api_forward_timeout_s: float = 2.0
-    """ORACULAR_API_FORWARD_TIMEOUT_S: a lookup forwarded to the owning worker gives up (504)."""
-    ready_max_lag: int = 10_000
-    """ORACULAR_READY_MAX_LAG: /readyz fails while more input messages than this wait."""
+    # Defaults are the table's: RUF009 cannot see that _default returns an immutable value.
+    config_path: Path = _default("config_path")  # noqa: RUF009
+    broker: str = _default("broker")
+    app_id: str = _default("app_id")
+    datadir: Path | None = _default("datadir")  # noqa: RUF009
+    topics: ProductTopics = field(default_factory=_default_topics)
+    tick_interval_s: float = _default("tick_interval_s")
+    lateness_ms: int = _default("lateness_ms")
+    idle_ms: int = _default("idle_ms")
+    max_skew_ms: int = _default("max_skew_ms")
+    output_format: str = _default("output_format")
+    web_port: int | None = _default("web_port")
+    batch_max: int = _default("batch_max")
+    state_cache_users: int = _default("state_cache_users")
+    batch_window_s: float = _default("batch_window_s")
+    summary_interval_s: float = _default("summary_interval_s")
+    commit_interval_s: float = _default("commit_interval_s")
+    session_timeout_s: float = _default("session_timeout_s")
+    replication_factor: int = _default("replication_factor")
+    standby_replicas: int = _default("standby_replicas")
+    security_protocol: str = _default("security_protocol")
+    sasl_mechanism: str = _default("sasl_mechanism")
+    sasl_username: str | None = field(default=_default("sasl_username"), repr=False)
+    sasl_password: str | None = field(default=_default("sasl_password"), repr=False)
+    ssl_cafile: str | None = _default("ssl_cafile")
+    ssl_certfile: str | None = _default("ssl_certfile")
+    ssl_keyfile: str | None = field(default=_default("ssl_keyfile"), repr=False)
+    api_host: str = _default("api_host")
+    api_port: int | None = _default("api_port")
+    api_url: str | None = _default("api_url")
+    api_token: str | None = field(default=_default("api_token"), repr=False)
+    api_forward_timeout_s: float = _default("api_forward_timeout_s")
+    ready_max_lag: int = _default("ready_max_lag")
 
     @property
     def state_dir(self) -> Path:
@@ -158,78 +282,87 @@ class Settings:
         return kwargs
 
 
-_ENV: Final = {
-    "config_path": ("ORACULAR_CONFIG", Path),
-    "broker": ("ORACULAR_BROKER", str),
-    "app_id": ("ORACULAR_APP_ID", str),
-    "datadir": ("ORACULAR_DATADIR", Path),
-    "tick_interval_s": ("ORACULAR_TICK_INTERVAL_S", float),
-    "lateness_ms": ("ORACULAR_LATENESS_MS", int),
-    "idle_ms": ("ORACULAR_IDLE_MS", int),
-    "max_skew_ms": ("ORACULAR_MAX_SKEW_MS", int),
-    "state_cache_users": ("ORACULAR_STATE_CACHE_USERS", int),
-    "batch_max": ("ORACULAR_BATCH_MAX", int),
-    "batch_window_s": ("ORACULAR_BATCH_WINDOW_S", float),
-    "output_format": ("ORACULAR_OUTPUT_FORMAT", str),
-    "summary_interval_s": ("ORACULAR_SUMMARY_INTERVAL_S", float),
-    "replication_factor": ("ORACULAR_REPLICATION_FACTOR", int),
-    "standby_replicas": ("ORACULAR_STANDBY_REPLICAS", int),
-    "session_timeout_s": ("ORACULAR_SESSION_TIMEOUT_S", float),
-    "commit_interval_s": ("ORACULAR_COMMIT_INTERVAL_S", float),
-    "web_port": ("ORACULAR_WEB_PORT", int),
-    "security_protocol": ("ORACULAR_SECURITY_PROTOCOL", str),
-    "sasl_mechanism": ("ORACULAR_SASL_MECHANISM", str),
-    "sasl_username": ("ORACULAR_SASL_USERNAME", str),
-    "sasl_password": ("ORACULAR_SASL_PASSWORD", str),
-    "ssl_cafile": ("ORACULAR_SSL_CAFILE", str),
-    "ssl_certfile": ("ORACULAR_SSL_CERTFILE", str),
-    "ssl_keyfile": ("ORACULAR_SSL_KEYFILE", str),
-    "api_host": ("ORACULAR_API_HOST", str),
-    "api_port": ("ORACULAR_API_PORT", int),
-    "api_url": ("ORACULAR_API_URL", str),
-    "api_token": ("ORACULAR_API_TOKEN", str),
-    "api_forward_timeout_s": ("ORACULAR_API_FORWARD_TIMEOUT_S", float),
-    "ready_max_lag": ("ORACULAR_READY_MAX_LAG", int),
-}
-"""Settings field -> (environment variable, type)."""
+def load_settings(
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, str | None] | None = None,
+    *,
+    sources: Mapping[str, str] | None = None,
+) -> Settings:
+    """The settings: each row's default, replaced by its variable in `env` (default: the
+    process environment), replaced by its value in `flags` (setting name -> the flag's text;
+    None or "" means not given). Nothing is written to the environment.
 
-ENV_VARS: Final = {name: var for name, (var, _) in _ENV.items()}
-
-
-def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Read the settings from `env` (default: the process environment).
+    `sources` names where a flag value came from when it is not the row's own flag (for
+    messages); by default a flag value is reported as its flag, a variable as itself.
 
     Raises:
-        SettingsError: listing every variable whose value is unusable.
+        SettingsError: one line per problem, naming the variable or flag of the bad value.
     """
     env = os.environ if env is None else env
-    values: dict[str, Any] = {}
+    given: dict[str, tuple[str, str]] = {}  # name -> (text, where it came from)
     problems = []
     if env.get("ORACULAR_GRACE_MS"):
         problems.append(
             "ORACULAR_GRACE_MS: replaced by ORACULAR_LATENESS_MS, ORACULAR_IDLE_MS and "
             "ORACULAR_MAX_SKEW_MS (docs/time.md explains the watermark); unset it"
         )
-    for name, (var, kind) in _ENV.items():
-        raw = env.get(var)
-        if raw is None or raw == "":
-            continue
+    for row in SETTINGS:
+        text = env.get(row.env)
+        if text:
+            given[row.name] = (text, row.env)
+    for name, text in (flags or {}).items():
+        row = BY_NAME[name]  # a KeyError here is a bug in a caller
+        if text:
+            where = (sources or {}).get(name) or row.flag or row.env
+            given[name] = (text, where)
+    values: dict[str, Any] = {}
+    for name, (text, where) in given.items():
+        kind = BY_NAME[name].kind
         try:
-            values[name] = kind(raw)
+            values[name] = kind(text)
         except ValueError:
-            problems.append(f"{var}={raw!r}: must be a {kind.__name__}")
-    try:
-        values["topics"] = product_topics(env)
-    except ValueError as exc:
-        problems.append(str(exc))
+            what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+            problems.append(f"{where}={text!r}: must be {what}")
+    where_from = {name: where for name, (_, where) in given.items()}
+    topic_inputs = {name: values.pop(name, _default(name)) for name in _TOPIC_INPUTS}
+    if topic_inputs["partitions"] < 1:
+        problems.append(
+            f"{where_from.get('partitions', 'ORACULAR_PARTITIONS')}: must be a whole number "
+            f">= 1 (got {topic_inputs['partitions']})"
+        )
+    else:
+        try:
+            values["topics"] = declare_topics(
+                topic_inputs["topic_prefix"],
+                topic_inputs["partitions"],
+                {role: topic_inputs[f"topic_{role}"] for role in _TOPIC_ROLES},
+            )
+        except ValueError as exc:
+            named = list(dict.fromkeys(where_from[n] for n in _TOPIC_INPUTS[1:] if n in where_from))
+            problems.append(f"{', '.join(named) or 'ORACULAR_TOPIC_PREFIX'}: {exc}")
+    # An unreadable value is left at its default here, so the checks below report only the
+    # readable values' problems: every problem is reported at once.
+    settings = Settings(**values)
+    problems += _check(settings, lambda name: where_from.get(name, ENV_VARS[name]))
     if problems:
         raise SettingsError("\n".join(problems))
-    settings = Settings(**values)
-    _check(settings)
     return settings
 
 
-def _check(settings: Settings) -> None:
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """The settings from `env` alone (default: the process environment): `load_settings`
+    without flags, as `faust -A streams.app worker` runs."""
+    return load_settings(env)
+
+
+def as_environment(flags: Mapping[str, str | None]) -> dict[str, str]:
+    """The flags given, as the variables that mean the same (for child processes, which read
+    their settings through `load_settings` like any worker)."""
+    return {BY_NAME[name].env: text for name, text in flags.items() if text}
+
+
+def _check(settings: Settings, label: Any) -> list[str]:
+    """Range and choice checks; `label(name)` is the variable or flag the value came from."""
     problems = []
     positive = (
         "tick_interval_s",
@@ -239,56 +372,106 @@ def _check(settings: Settings) -> None:
         "replication_factor",
         "session_timeout_s",
         "commit_interval_s",
+        "api_forward_timeout_s",
     )
     for name in positive:
         if getattr(settings, name) <= 0:
-            problems.append(f"{ENV_VARS[name]}: must be > 0 (got {getattr(settings, name)})")
-    for name in ("lateness_ms", "idle_ms", "max_skew_ms", "state_cache_users"):
+            problems.append(f"{label(name)}: must be > 0 (got {getattr(settings, name)})")
+    not_negative = (
+        "lateness_ms",
+        "idle_ms",
+        "max_skew_ms",
+        "state_cache_users",
+        "standby_replicas",
+        "ready_max_lag",
+    )
+    for name in not_negative:
         if getattr(settings, name) < 0:
-            problems.append(f"{ENV_VARS[name]}: must be >= 0 (got {getattr(settings, name)})")
-    if settings.standby_replicas < 0:
-        problems.append("ORACULAR_STANDBY_REPLICAS: must be >= 0")
+            problems.append(f"{label(name)}: must be >= 0 (got {getattr(settings, name)})")
     if settings.output_format not in ("msgpack", "json"):
         problems.append(
-            f"ORACULAR_OUTPUT_FORMAT: must be msgpack or json (got {settings.output_format!r})"
+            f"{label('output_format')}: must be msgpack or json (got {settings.output_format!r})"
         )
     protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
     if settings.security_protocol not in protocols:
-        problems.append(f"ORACULAR_SECURITY_PROTOCOL: must be one of {', '.join(protocols)}")
+        problems.append(f"{label('security_protocol')}: must be one of {', '.join(protocols)}")
     if settings.security_protocol.startswith("SASL") and not (
         settings.sasl_username and settings.sasl_password
     ):
         problems.append("ORACULAR_SASL_USERNAME and ORACULAR_SASL_PASSWORD: required for SASL")
-    problems += _check_api(settings)
-    if problems:
-        raise SettingsError("\n".join(problems))
-
-
-def _check_api(settings: Settings) -> list[str]:
-    """Problems with the lookup API's settings (docs/serving.md)."""
-    problems = []
-    if settings.api_port is not None and not 0 <= settings.api_port <= 65535:
-        problems.append(f"ORACULAR_API_PORT: must be 0-65535 (got {settings.api_port})")
+    for name in ("api_port", "web_port"):
+        port = getattr(settings, name)
+        if port is not None and not 0 <= port <= 65535:
+            problems.append(f"{label(name)}: must be 0-65535 (got {port})")
     if not settings.api_host.strip():
-        problems.append("ORACULAR_API_HOST: must be an address such as 127.0.0.1")
+        problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):
-        problems.append(f"ORACULAR_API_URL: must start with http:// (got {settings.api_url!r})")
-    if settings.api_forward_timeout_s <= 0:
-        problems.append("ORACULAR_API_FORWARD_TIMEOUT_S: must be > 0")
-    if settings.ready_max_lag < 0:
-        problems.append(f"ORACULAR_READY_MAX_LAG: must be >= 0 (got {settings.ready_max_lag})")
+        problems.append(f"{label('api_url')}: must start with http:// (got {settings.api_url!r})")
     return problems
 
 
 def describe(settings: Settings) -> str:
     """One line per setting for the worker's start-up log; credentials are left out."""
-    hidden = {"sasl_username", "sasl_password", "ssl_keyfile", "api_token"}
+    names = {f.name for f in fields(settings)}
     return (
         "\n".join(
-            f"  {f.name} = {getattr(settings, f.name)!s}"
-            for f in fields(settings)
-            if f.name not in hidden and f.name != "topics"
+            f"  {row.name} = {getattr(settings, row.name)!s}"
+            for row in SETTINGS
+            if row.name in names and not row.secret
         )
         + "\n  topics = "
         + ", ".join(spec.name for spec in settings.topics)
     )
+
+
+def add_flag(
+    parser: argparse.ArgumentParser, name: str, *, text: str | None = None, **kwargs: Any
+) -> None:
+    """Add setting `name`'s flag to `parser`, its help text made from the table: what it
+    means, its default and its variable. The value lands in `args.<name>` as text (None when
+    not given): `load_settings` reads and checks it, as it does the variable."""
+    row = BY_NAME[name]
+    if row.flag is None:
+        msg = f"setting {name} has no flag"
+        raise ValueError(msg)
+    text = text or f"{row.help} (default {row.default_text()}; env {row.env})"
+    kwargs.setdefault("metavar", row.env.removeprefix("ORACULAR_"))
+    parser.add_argument(row.flag, dest=name, help=text.replace("%", "%%"), **kwargs)
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, str | None]:
+    """The setting flags of `args` (setting name -> text or None), for `load_settings`."""
+    return {row.name: getattr(args, row.name, None) for row in SETTINGS if row.flag}
+
+
+def markdown_table() -> str:
+    """The settings table of docs/operations.md, made from `SETTINGS`."""
+
+    def code(text: str) -> str:
+        return f"`{text}`"
+
+    lines = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+    for row in SETTINGS:
+        default = row.default_text()
+        lines.append(
+            f"| {code(row.env)} | {code(row.flag) if row.flag else ''} | "
+            f"{default if default == 'unset' else code(default)} | "
+            f"{row.help.replace('<', '&lt;')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _fields_match_the_table() -> None:
+    """Every `Settings` field but topics is a row, and every row a field or a topic input."""
+    names = {f.name for f in dataclasses.fields(Settings)} - {"topics"}
+    rows = set(BY_NAME) - set(_TOPIC_INPUTS)
+    if names != rows:
+        msg = f"Settings fields and SETTINGS rows differ: {sorted(names ^ rows)}"
+        raise AssertionError(msg)
+
+
+_fields_match_the_table()
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,7 +1,7 @@
 """The product's Kafka topics, declared once.
 
 Pure data (no faust import): the Faust app, ``python -m infra.broker topics`` and the tests all
-read these declarations. Names and the partition count come from the environment:
+read these declarations. Names and the partition count are settings (`streams/settings.py`):
 
 - ``ORACULAR_TOPIC_PREFIX`` (default ``oracular``): names become ``<prefix>.events`` etc.
 - ``ORACULAR_TOPIC_EVENTS``, ``..._TICKS``, ``..._PREDICTIONS``, ``..._EPISODES``, ``..._DLQ``:
@@ -11,12 +11,11 @@ read these declarations. Names and the partition count come from the environment
   outputs use it too so one number describes the deployment.
 
 ``infra/docker-compose.yml`` repeats the default names (a container cannot import this);
-``tests/infra/test_topics.py`` checks that the two agree.
+``tests/infra/test_compose.py`` checks that the two agree.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,7 +51,8 @@ class TopicSpec:
 
 @dataclass(frozen=True, slots=True)
 class ProductTopics:
-    """The topics of the product (see DESIGN.md, "Data flow"). Iterates in declaration order."""
+    """The topics of the product: events in, ticks for the timer, predictions, episodes and
+    dead letters out. Iterates in declaration order."""
 
     events: TopicSpec
     """Input: product-analytics events and commands, keyed by user id (murmur2)."""
@@ -70,32 +70,39 @@ class ProductTopics:
 
 
 def partitions_from_env(env: Mapping[str, str]) -> int:
-    raw = env.get("ORACULAR_PARTITIONS", str(DEFAULT_PARTITIONS))
-    try:
-        partitions = int(raw)
-    except ValueError:
-        partitions = 0
-    if partitions < 1:
-        msg = f"ORACULAR_PARTITIONS must be a whole number >= 1, got {raw!r}."
-        raise ValueError(msg)
-    return partitions
+    """ORACULAR_PARTITIONS as `streams.settings.load_settings` reads it (default 8)."""
+    return product_topics(env).events.partitions
 
 
 def product_topics(env: Mapping[str, str] | None = None) -> ProductTopics:
-    """The product's topics as configured by `env` (default: the process environment)."""
-    env = os.environ if env is None else env
-    prefix = env.get("ORACULAR_TOPIC_PREFIX", DEFAULT_PREFIX)
-    partitions = partitions_from_env(env)
+    """The product's topics as the settings in `env` declare them (default: the process
+    environment), read by `streams.settings.load_settings` like every other setting.
+
+    Raises:
+        ValueError: a bad name or partition count, naming the variable.
+    """
+    from streams.settings import load_settings  # noqa: PLC0415 - settings imports this module
+
+    return load_settings(env).topics
+
+
+def declare_topics(
+    prefix: str = DEFAULT_PREFIX,
+    partitions: int = DEFAULT_PARTITIONS,
+    names: Mapping[str, str | None] | None = None,
+) -> ProductTopics:
+    """The product's topics: `<prefix>.events` etc., or the full name `names[role]` given for a
+    role (events, ticks, predictions, episodes, dlq), all with `partitions` partitions."""
+    names = names or {}
 
     def spec(role: str, suffix: str, config: Mapping[str, str] | None = None) -> TopicSpec:
-        name = env.get(f"ORACULAR_TOPIC_{role}", f"{prefix}.{suffix}")
-        return TopicSpec(name, partitions, config or {})
+        return TopicSpec(names.get(role) or f"{prefix}.{suffix}", partitions, config or {})
 
     return ProductTopics(
-        events=spec("EVENTS", "events"),
+        events=spec("events", "events"),
         # A tick only matters while fresh: the timer sends new ones, so keep an hour at most.
-        ticks=spec("TICKS", "ticks", {"retention.ms": str(60 * 60 * 1000)}),
-        predictions=spec("PREDICTIONS", "predictions"),
-        episodes=spec("EPISODES", "episodes"),
-        dlq=spec("DLQ", "events.dlq"),
+        ticks=spec("ticks", "ticks", {"retention.ms": str(60 * 60 * 1000)}),
+        predictions=spec("predictions", "predictions"),
+        episodes=spec("episodes", "episodes"),
+        dlq=spec("dlq", "events.dlq"),
     )

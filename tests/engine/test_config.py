@@ -166,7 +166,7 @@ def test_deprecated_lift_logs_one_warning_per_load(caplog):
 
 
 def test_outcome_listed_as_a_signal_warns_once_and_is_allowed(caplog):
-    """Allowed by the seed, but never seen: warn once."""
+    """Allowed (as the original engine allows it), but never seen: warn once."""
     with caplog.at_level(logging.WARNING, logger="engine.config"):
         config = EngineConfig.from_dict(
             {"intents": {"x": {"signals": {"buy": 1, "cart": 1}, "outcome": "buy"}}}

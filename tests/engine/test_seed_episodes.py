@@ -1,4 +1,5 @@
-"""The seed's episode rules and its attribution table, through the public API."""
+"""The original engine's documented episode rules and attribution table (engine/README.md,
+"The model"), through the public API."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _monday_session(cfg):
     ],
 )
 def test_attribution_table_row(upgrade_after, share, hits, misses, with_outcome, without):
-    """The seed's table: the upgrade arrives later, in a session of its own."""
+    """The attribution table: the upgrade arrives later, in a session of its own."""
     cfg = config({"upgrade": ATTRIBUTED})
     closed_at = MONDAY_10 + 10 * MINUTE
     state = _monday_session(cfg)
@@ -87,7 +88,7 @@ def test_expired_window_miss_is_dated_at_the_window_end():
 
 
 def test_attribution_holds_at_the_close_so_the_misses_difference_is_zero():
-    """The seed: for an intent with attribution the misses difference is 0 at the close."""
+    """For an intent with attribution the misses difference is 0 at the close."""
     cfg = config({"upgrade": ATTRIBUTED, "plain": QUICKSTART})
     prev = observe(create_state(cfg), "pricing.viewed", MONDAY_10)
     nxt = end_episode(prev, MONDAY_10 + 10 * MINUTE)

@@ -1,6 +1,7 @@
-"""Every number on the seed page's learning sections, reached through observe/end_episode/explain.
+"""Every number of the original engine's documented learning rules (engine/README.md, "The
+model"), reached through observe/end_episode/explain.
 
-Expected values are the seed's (rounded as the seed prints them) and the exact fractions they
+Expected values are the original's (rounded as it printed them) and the exact fractions they
 come from; the exact ones are asserted at rel=1e-12 because the engine computes them in float64
 from whole counts (no decay is configured here).
 """
@@ -38,7 +39,7 @@ def _worked_example(prior_episodes: float | None = None):
     ],
 )
 def test_worked_example_effective_weights(prior_episodes, signal, seed_value, exact):
-    """The seed's worked example: twenty sessions, A always followed by the outcome, B never."""
+    """The original's worked example: twenty sessions, A always followed by the outcome, B never."""
     got = _worked_example(prior_episodes).signals[signal].effective
     assert round(got, 2) == seed_value
     assert got == pytest.approx(exact, rel=1e-12)
@@ -136,8 +137,8 @@ LN3 = math.log(3)
         ("absolute-difference", UP, 0.5, 0.5),  # q − b
         ("relative-lift", UP, 2.0, 2 / 3),  # (q − b) / b = 2 -> 2 / (1 + 2)
         ("relative-lift", DOWN, -2 / 3, -0.4),  # raw minimum is −1, so the score stays > −0.5
-        ("risk-ratio", UP, 3.0, 0.5),  # the seed: a ratio of 3 gives a score of 0.5
-        ("risk-ratio", DOWN, 1 / 3, -0.5),  # the seed: a ratio of 1/3 gives −0.5
+        ("risk-ratio", UP, 3.0, 0.5),  # by definition: a ratio of 3 gives a score of 0.5
+        ("risk-ratio", DOWN, 1 / 3, -0.5),  # by definition: a ratio of 1/3 gives −0.5
         ("log-lift", UP, LN3, LN3 / (1 + LN3)),  # ln 3 -> x / (1 + |x|)
         ("odds-ratio", UP, 9.0, 0.8),  # (3/4 / 1/4) / (1/4 / 3/4) = 9 -> 8/10
         ("odds-ratio", DOWN, 1 / 9, -0.8),

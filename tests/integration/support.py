@@ -42,7 +42,8 @@ async def produce(
 ) -> None:
     """Send (key, value) records and wait until the broker has acknowledged all of them.
 
-    Keys are partitioned with murmur2, as DESIGN.md requires of every producer.
+    Keys are partitioned with murmur2, as every producer must (the worker's state lives in the
+    partition Kafka's default partitioner picks for the user id; docs/messages.md).
     """
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()

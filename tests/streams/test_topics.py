@@ -40,10 +40,15 @@ def test_prefix_per_topic_names_and_partitions_come_from_the_environment() -> No
     assert {t.partitions for t in topics} == {3}
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "eight", ""])
+@pytest.mark.parametrize("value", ["0", "-2", "eight"])
 def test_bad_partition_counts_name_the_variable(value: str) -> None:
-    with pytest.raises(ValueError, match=rf"ORACULAR_PARTITIONS must be .* got '{value}'"):
+    with pytest.raises(ValueError, match=r"ORACULAR_PARTITIONS\b.*must be a whole number") as bad:
         product_topics({"ORACULAR_PARTITIONS": value})
+    assert value in str(bad.value)
+
+
+def test_an_empty_partition_count_is_unset_like_every_other_variable() -> None:
+    assert product_topics({"ORACULAR_PARTITIONS": ""}).events.partitions == 8
 
 
 @pytest.mark.parametrize("name", ["", "has space", "a/b", "..", "x" * 250])
