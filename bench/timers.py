@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import resource
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 import msgpack
 
 from bench.synthetic import clickstream
+from infra.processes import rss_bytes
 from schemas.config import load_config
 from streams.offline import DictTable
 from streams.processor import Batch, InMessage, Processor, encode_tick
@@ -29,11 +31,11 @@ BATCH = 500
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's resident memory (its peak if /proc does not say)."""
+    rss = rss_bytes(os.getpid())
+    if rss is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return rss / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
