@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         processor.run_batch(batch, chunk, lambda p: False, wall)
         tick = InMessage(TICKS, 0, 0, None, encode_tick(0), None)
         processor.run_batch(batch, [tick], lambda p: False, wall)
-        for key, value, context in batch.writes():
-            table.set(key, value, context)
+        for key, stored, context in batch.writes():
+            table.set(key, stored, context)
         largest = max(largest, processor.index_entries())
     elapsed = time.perf_counter() - started
     del messages

@@ -1,17 +1,19 @@
 """Subprocesses with a log file, as the tests and the benchmarks run workers and helpers.
 
-One implementation for both: the integration tests' worker fixture (`tests/integration/
-support.py` `FaustWorker`, a subclass that fails tests with AssertionError) and the benchmarks
-(`bench/workers.py`, `bench/lookup.py`). It lives in infra/ beside the broker starter because
-both import from here and neither is shipped in the product wheel (pyproject.toml packages only
-engine, schemas and streams).
+One implementation for all of them: the integration tests' worker fixture
+(`tests/integration/support.py` `FaustWorker`, a subclass whose waits fail tests with
+AssertionError), the benchmarks (`bench/workers.py`, `bench/lookup.py`, `bench/timers.py`) and
+the broker starter (`infra/broker.py` uses `tied_to_parent`, `tail`, `rss_bytes`). It lives in
+infra/ because tests and bench both import from here and the product wheel ships neither
+(pyproject.toml packages only engine, schemas and streams), so no test code reaches it.
 
 - `LoggedProcess`: start a command tied to this process (it gets SIGTERM if we die), its
   output appended to a log file after a header line per start; wait (blocking or async) for
   a log line such as "Worker ready"; wait for its exit; stop it (SIGTERM, SIGKILL after a
   bound) or kill it.
 - `child_env`: the environment a child Python process gets (this checkout first on PYTHONPATH).
-- /proc readers: a process tree's CPU time, resident and peak memory.
+- `tied_to_parent`, `tail`: what the broker starter needs too.
+- /proc readers: a process's (or process tree's) CPU time, resident and peak memory.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,30 +30,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn, Self
 
-# The broker starter has the same needs; these three live there (and its tests import them).
-from infra.broker import REPO_ROOT, rss_bytes, tail, tied_to_parent
-
-__all__ = [
-    "READY_LINE",
-    "REPO_ROOT",
-    "LoggedProcess",
-    "child_env",
-    "cpu_seconds",
-    "log_time",
-    "peak_rss_bytes",
-    "process_tree",
-    "rss_bytes",
-    "tree_cpu_seconds",
-    "tree_peak_rss_bytes",
-    "tree_rss_bytes",
-]
-
+REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_LINE = "Worker ready"
 """What a Faust worker (the product's `oracular worker` included) logs once it processes."""
 STOP_TIMEOUT_S = 60.0  # SIGTERM to exit, unless the caller says otherwise
 POLL_S = 0.1  # how often a wait looks at the log or the process
-TAIL_LINES = 60  # log lines quoted in a failure
+LOG_TAIL_LINES = 40  # a log's lines quoted by default
+TAIL_LINES = 60  # a process's log lines quoted when a wait for it fails
 FAUST_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def tied_to_parent(cmd: list[str]) -> list[str]:
+    """`cmd` wrapped so that it gets SIGTERM when the process starting it dies.
+
+    Test sessions use it, so a pytest run that is killed leaves no broker or worker behind.
+    util-linux's setpriv sets the Linux parent-death signal and execs `cmd` (same pid); it is
+    on every Debian/Ubuntu system. Without it, `cmd` runs untied. (Popen's preexec_fn could
+    call prctl directly, but is unsafe once the test process has threads.)
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of the log at `path` (or a note that there is none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def child_env(
@@ -236,6 +244,21 @@ class LoggedProcess:
 # --- /proc --------------------------------------------------------------------------------
 
 
+def _status_bytes(pid: int, field: str) -> int | None:
+    """A memory figure (`field`, in kB) of /proc/<pid>/status, in bytes (None if gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    match = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process, from /proc (None if it is gone)."""
+    return _status_bytes(pid, "VmRSS")
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process so far (None if it is gone)."""
     try:
@@ -246,13 +269,8 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def peak_rss_bytes(pid: int) -> int | None:
-    """The process's peak resident memory so far (VmHWM)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
+    """The process's peak resident memory so far (VmHWM; None if it is gone)."""
+    return _status_bytes(pid, "VmHWM")
 
 
 def process_tree(pid: int) -> list[int]:
