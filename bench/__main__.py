@@ -28,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from bench.report import BENCHMARKS, record
 from bench.synthetic import clickstream, sessions_for
 from engine import (
     EngineConfig,
@@ -46,7 +47,6 @@ from schemas.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "oracular.yaml"
-BENCHMARKS = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:engine:begin -->", "<!-- bench:engine:end -->"
 
 
@@ -168,19 +168,9 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def _record(section: str, begin: str = BEGIN, end: str = END) -> None:
-    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    BENCHMARKS.write_text(text)
-
-
 def _wait_quiet(limit_s: float) -> str:
     """Wait (polling, at most `limit_s`) until no pytest runs; say what the load was."""
-    from bench.e2e import pytest_processes  # noqa: PLC0415
+    from bench.machine import pytest_processes  # noqa: PLC0415
 
     deadline = time.monotonic() + limit_s
     waited = time.monotonic()
@@ -200,7 +190,7 @@ def _wait_quiet(limit_s: float) -> str:
 
 
 def _e2e(args: argparse.Namespace, command: str) -> None:
-    from bench import e2e  # noqa: PLC0415 - imports Faust-side modules; not for --engine-only
+    from bench import e2e, report  # noqa: PLC0415 - Faust-side modules; not for --engine-only
 
     params = e2e.Params(
         events=args.e2e_events,
@@ -222,11 +212,11 @@ def _e2e(args: argparse.Namespace, command: str) -> None:
     print(f"[bench] {quiet}", file=sys.stderr)
     results = e2e.run(params)
     results.notes.insert(0, quiet)
-    section = e2e.section(results, command)
-    e2e.print_table(results)
+    section = report.section(results, command)
+    report.print_table(results)
     print(section)
     if not args.no_record:
-        _record(section, e2e.BEGIN, e2e.END)
+        record(section, report.BEGIN, report.END)
         print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
 
 
@@ -301,7 +291,7 @@ def main() -> int:
         section = run(args.events, args.users, args.runs)
         print(section)
         if not args.no_record:
-            _record(section)
+            record(section, BEGIN, END)
             print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
     if not args.engine_only:
         _e2e(args, command.strip())

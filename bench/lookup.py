@@ -30,8 +30,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -40,9 +38,12 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
-from bench.e2e import CONFIG, PARTITIONS, Worker, create_topics, machine, preload, say
+from bench.machine import machine
+from bench.session import say
 from bench.synthetic import clickstream
-from infra.broker import start_broker, tied_to_parent
+from bench.topics import create_topics, preload
+from bench.workers import CONFIG, PARTITIONS, Worker, helper
+from infra.broker import start_broker
 from schemas.config import load_config
 from streams.serving import partition_for
 from streams.topics import product_topics
@@ -60,7 +61,7 @@ APPLIED = re.compile(r'^oracular_inputs_total\{outcome="applied"\} (\S+)$', re.M
 async def api_urls(workers: list[Worker], timeout_s: float = 120.0) -> list[str]:
     urls = []
     for worker in workers:
-        await worker.wait_line("advertised to other workers as", timeout_s)
+        await worker.wait_line_async("advertised to other workers as", timeout_s)
         urls.append(API_LINE.findall(worker.log_text())[-1])
     return urls
 
@@ -272,30 +273,18 @@ async def main_async(args: argparse.Namespace) -> int:
                 await asyncio.sleep(1.0)  # the latency phase starts with the backlog drained
         say(f"latency with live load {LIVE_RATE:.0f} events/s")
         out = base / "loadgen.msgpack"
-        loadgen = subprocess.Popen(
-            tied_to_parent(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.loadgen",
-                    "--bootstrap",
-                    bootstrap,
-                    "--topic",
-                    topics.events.name,
-                    "--rate",
-                    str(LIVE_RATE),
-                    "--seconds",
-                    "600",
-                    "--users",
-                    str(args.users),
-                    "--config",
-                    str(CONFIG),
-                    "--out",
-                    str(out),
-                ]
-            ),
-            stdout=subprocess.DEVNULL,
-        )
+        loadgen = helper(
+            "bench.loadgen",
+            "loadgen",
+            bootstrap,
+            base,
+            topic=topics.events.name,
+            rate=LIVE_RATE,
+            seconds=600,
+            users=args.users,
+            config=CONFIG,
+            out=out,
+        ).start()
         try:
             async with ClientSession(timeout=ClientTimeout(total=30)) as http:
                 await asyncio.sleep(3)  # the live load is flowing
@@ -303,8 +292,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 table = await latency(http, urls, owners, users)
                 live = (await applied(http, urls) - a0) / (time.monotonic() - t0)
         finally:
-            loadgen.terminate()
-            loadgen.wait()
+            loadgen.stop()
     finally:
         for workers in workers_holder:
             for worker in workers:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import resource
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 import msgpack
 
 from bench.synthetic import clickstream
+from infra.processes import rss_bytes
 from schemas.config import load_config
 from schemas.ticks import encode_tick
 from streams.offline import DictTable
@@ -30,11 +32,11 @@ BATCH = 500
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's resident memory (its peak if /proc does not say)."""
+    rss = rss_bytes(os.getpid())
+    if rss is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return rss / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         processor.run_batch(batch, chunk, lambda p: False, wall)
         tick = InMessage(TICKS, 0, 0, None, encode_tick(0), None)
         processor.run_batch(batch, [tick], lambda p: False, wall)
-        for key, value, context in batch.writes():
-            table.set(key, value, context)
+        for key, stored, context in batch.writes():
+            table.set(key, stored, context)
         largest = max(largest, processor.index_entries())
     elapsed = time.perf_counter() - started
     del messages

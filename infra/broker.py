@@ -37,6 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Shared with the tests' and the benchmarks' worker processes.
+from infra.processes import LOG_TAIL_LINES, rss_bytes, tail, tied_to_parent
+
 # Topic creation, the readiness probe and BrokerError live in streams.admin: the installed
 # worker needs them too, and infra/ is not installed.
 from streams.admin import (
@@ -62,7 +65,6 @@ STOP_TIMEOUT_S = 20.0
 PROBE_TIMEOUT_S = 3.0
 MVN_TIMEOUT_S = 600.0
 FORMAT_TIMEOUT_S = 60.0
-LOG_TAIL_LINES = 40
 MIN_JAVA = 17  # Kafka 4.x brokers need Java 17
 
 JVM_OPTS = [
@@ -252,24 +254,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def rss_bytes(pid: int) -> int | None:
-    """Resident memory of a process, from /proc (None if it is gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return f"(no log at {path})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
@@ -454,18 +438,6 @@ def _format_storage(lib: Path, properties: Path, workdir: Path) -> None:
     if result.returncode != 0:
         msg = f"Formatting Kafka storage failed. Last lines of {format_log}:\n{tail(format_log)}"
         raise BrokerError(msg)
-
-
-def tied_to_parent(cmd: list[str]) -> list[str]:
-    """`cmd` wrapped so that it gets SIGTERM when the process starting it dies.
-
-    Test sessions use it, so a pytest run that is killed leaves no broker or worker behind.
-    util-linux's setpriv sets the Linux parent-death signal and execs `cmd` (same pid); it is
-    on every Debian/Ubuntu system. Without it, `cmd` runs untied. (Popen's preexec_fn could
-    call prctl directly, but is unsafe once the test process has threads.)
-    """
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
 
 
 def _launch(lib: Path, properties: Path, workdir: Path, *, tie: bool) -> subprocess.Popen[bytes]:

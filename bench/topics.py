@@ -1,0 +1,63 @@
+"""The bench's topics: create them, preload events, count their records."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from bench.workers import PARTITIONS
+from engine import Event
+from schemas.events import encode_event
+from streams.admin import ensure_topics_async
+from streams.topics import TopicSpec
+
+
+async def preload(bootstrap: str, topic: str, events: Sequence[Event]) -> float:
+    """Produce `events` (keyed by user, murmur2) and wait for the broker's acks; seconds."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=256 * 1024
+    )
+    await producer.start()
+    started = time.monotonic()
+    try:
+        for event in events:
+            await producer.send(topic, encode_event(event), key=event.user.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return time.monotonic() - started
+
+
+async def create_topics(bootstrap: str, names: Sequence[str]) -> None:
+    """Topics with the benchmark's partition count (idempotent)."""
+    await ensure_topics_async(bootstrap, [TopicSpec(name, PARTITIONS) for name in names])
+
+
+async def end_offsets(bootstrap: str, topic: str) -> int:
+    """Sum of the topic's end offsets: the records it holds (nothing is deleted here)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            await consumer._client.force_metadata_update()  # no public metadata refresh
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in partitions]
+        return sum((await consumer.end_offsets(tps)).values()) if tps else 0
+    finally:
+        await consumer.stop()
+
+
+async def settled_end_offsets(bootstrap: str, topic: str, at_least: int) -> int:
+    """The topic's record count once it holds `at_least` and stopped growing (bounded)."""
+    deadline = time.monotonic() + 120.0
+    previous = -1
+    while True:
+        count = await end_offsets(bootstrap, topic)
+        if (count >= at_least and count == previous) or time.monotonic() > deadline:
+            return count
+        previous = count
+        await asyncio.sleep(1.0)
