@@ -152,9 +152,11 @@ def fence_stale_changelog_records(
             for tp, offset in last.items():
                 faust_patches.set_persisted_offset(table, tp, offset)
             if skipped:
-                log.warning(
-                    "changelog: skipped %s record(s) older than the state already held "
-                    "(written late by a worker that had lost its partitions)",
+                # Expected in a full restore over a local copy (its values are newer than
+                # the log's early records); otherwise a late write by a worker that had lost
+                # its partitions.
+                log.info(
+                    "changelog: skipped %s record(s) older than the state already held here",
                     skipped,
                 )
 
