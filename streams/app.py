@@ -188,7 +188,7 @@ class _Runtime:
         self.positions = Positions(app, processor, self.events_topic, backfill)
         self.fence = Fence(app, settings, processor.counts)
         self.faults = KillSwitch.from_env()
-        self.memory = GcPolicy()
+        self.memory = GcPolicy(log)
         self.repairs: dict[int, set[bytes]] = {}
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._last_summary = (time.monotonic(), 0)

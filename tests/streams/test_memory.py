@@ -1,0 +1,41 @@
+"""The worker's garbage-collector policy: survivors frozen every second, all thawed hourly."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+from streams.memory import GcPolicy
+
+
+def test_survivors_are_frozen_each_second_and_thawed_each_hour():
+    gc.unfreeze()
+    policy = GcPolicy()
+    try:
+        kept = [{"state": i} for i in range(10_000)]  # long-lived, like decoded states
+        policy.tick()
+        assert gc.get_freeze_count() == 0  # not a second yet
+        policy.frozen_at -= GcPolicy.FREEZE_S
+        policy.tick()
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(kept)  # the states are out of the collector's generations
+        policy.thawed_at -= GcPolicy.THAW_S
+        policy.tick()  # thawed, fully collected, frozen again
+        assert gc.get_freeze_count() >= len(kept)
+        assert policy.thawed_at > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_a_slow_collection_is_logged(caplog):
+    policy = GcPolicy(logging.getLogger("test.gc"))
+    policy.SLOW_PAUSE_S = 0.0  # every collection counts as slow here
+    try:
+        with caplog.at_level(logging.INFO, logger="test.gc"):
+            gc.collect()
+        assert policy.slow_pauses >= 1
+        assert "garbage collection paused the worker" in caplog.text
+    finally:
+        gc.callbacks[:] = [
+            c for c in gc.callbacks if getattr(c, "__qualname__", "").find("GcPolicy") < 0
+        ]
