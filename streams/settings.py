@@ -130,9 +130,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("state_cache_users", "ORACULAR_STATE_CACHE_USERS", int, 50_000,
             "decoded user states kept between batches, least recently used evicted (0: no "
             "cache); each costs a few KiB and saves a read and a decode (BENCHMARKS.md)"),
-    Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.01,
-            "longest wait to fill a batch: latency against batch size (10 ms: p99 34 ms at "
-            "half load against 96 ms with 50 ms, at the same throughput; BENCHMARKS.md)"),
+    Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.005,
+            "how long the agent waits to fill a batch after the last one: latency against "
+            "batch size (5 ms: p99 22-24 ms at half load against 37-43 ms with 10 ms; a "
+            "backlog fills batches at once, so throughput is the same; BENCHMARKS.md)"),
     Setting("summary_interval_s", "ORACULAR_SUMMARY_INTERVAL_S", float, 30.0,
             "how often the worker logs its counters"),
     Setting("commit_interval_s", "ORACULAR_COMMIT_INTERVAL_S", float, 1.0,
