@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -16,6 +15,7 @@ from schemas.outputs import dlq_message, encode_output
 from streams.admin import ensure_topics_async
 from streams.cli_common import EXIT_UNAVAILABLE
 from streams.topics import TopicSpec
+from tests.cli import run_oracular
 
 pytestmark = pytest.mark.integration
 
@@ -62,15 +62,7 @@ async def _publish(kafka: str, prefix: str, suffix: str) -> None:
 def _tail(kafka: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "ORACULAR_BROKER": kafka}
     env.pop("ORACULAR_TOPIC_PREFIX", None)
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", "tail", "--from-beginning", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TAIL_TIMEOUT_S,
-        check=False,
-    )
+    return run_oracular("tail", "--from-beginning", *args, env=env, timeout=TAIL_TIMEOUT_S)[0]
 
 
 def test_tail_follows_a_prefixed_runs_suffixed_outputs(kafka, name):

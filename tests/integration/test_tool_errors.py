@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import msgpack
@@ -18,6 +15,7 @@ from infra.broker import REPO_ROOT
 from streams.admin import ensure_topics_async
 from streams.cli_common import EXIT_UNAVAILABLE
 from streams.topics import product_topics
+from tests.cli import run_oracular
 
 from .support import consume_until
 
@@ -43,17 +41,7 @@ def _env(kafka: str, prefix: str, tmp_path: Path) -> dict[str, str]:
 
 
 def _oracular(env: dict[str, str], *args: str, timeout: float = COMMAND_TIMEOUT_S):
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return done, time.monotonic() - started
+    return run_oracular(*args, env=env, timeout=timeout)
 
 
 async def _topics_named(kafka: str, prefix: str) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from streams.admin import ensure_topics_async
 from streams.topics import product_topics
+from tests.cli import run_oracular
 
 from .worker_support import expected_outputs
 
@@ -44,15 +44,7 @@ def _env(kafka: str, prefix: str, tmp_path: Path) -> dict[str, str]:
 
 
 def _oracular(env: dict[str, str], *args: str, timeout: float = BACKFILL_TIMEOUT_S):
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_oracular(*args, env=env, timeout=timeout)[0]
 
 
 def _events():

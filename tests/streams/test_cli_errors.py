@@ -14,13 +14,13 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from streams.cli import _parser, main
 from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
+from tests.cli import run_oracular
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "oracular.yaml"
@@ -49,17 +49,7 @@ def shop_csv(tmp_path: Path) -> Path:
 def _oracular(*args: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORACULAR_")}
     env.update(PYTHONPATH=str(ROOT), ORACULAR_DATADIR=str(tmp_path / "state"))
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-        check=False,
-    )
-    return done, time.monotonic() - started
+    return run_oracular(*args, env=env, timeout=COMMAND_TIMEOUT_S, cwd=tmp_path)
 
 
 def _events_file(tmp_path: Path) -> Path:
