@@ -223,9 +223,8 @@ async def test_backfill_closes_nothing_early(
     worker.start()
     await assert_equals_replay(dep, expected)
     assert worker.stop() == 0
-    counts = last_summary(worker.log_text())
-    # The timer closed episodes by event time during the catch-up, not only at its end.
-    assert counts["closed_by_timer"] > expected.closed_at_end, counts
+    # Whether ticks land inside the catch-up depends on the machine's speed, so that is
+    # checked at the processor (tests/streams/test_time.py), not here.
 
 
 @pytest.mark.parametrize("datadir", ["kept", "deleted"])

@@ -180,6 +180,20 @@ def test_a_clock_years_ahead_moves_the_watermark_only_to_its_record_time():
     assert live.by_id() == expected and live.states() == states
 
 
+def test_a_tick_during_a_catch_up_closes_by_event_time():
+    """A live worker catching up on an old backlog (not caught up, so no wall clock) closes
+    a silent user's episode as soon as the partition's event time passes its deadline plus
+    the lateness, mid-backlog, at the deadline, as the replay does."""
+    live = Live(TimePolicy(lateness_ms=2 * MIN, idle_ms=30_000, max_skew_ms=MIN))
+    live.send(event("u1", TS, n=1))
+    for n in range(1, 4):  # another user's events move the partition's event time on
+        live.send(event("u2", TS + n * 20 * MIN, "page.viewed", n=n))
+    live.tick(END_OF_TIME // 2, caught_up=False)  # event time TS+60m: u1 due at TS+30m
+    closed = [o for o in live.outputs if o.get("reason") == "timeout"]
+    assert [(o["user"], o["closed_at"]) for o in closed] == [("u1", TS + TIMEOUT)]
+    assert live.processor.counts["closed_by_timer"] == 1  # u2's episode is still open
+
+
 def test_a_bounded_run_closes_nothing_until_its_end():
     """Backfill and replay: newer data before older data gives the replay's outputs."""
     live = Live(TimePolicy(lateness_ms=MIN, hold_until_end=True))
