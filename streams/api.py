@@ -833,10 +833,11 @@ def install_serving(app: Any, runtime: Any) -> Api:
 
     run_batch = runtime.run_batch
 
-    async def timed_batch(events: list[Any], ack: Any) -> None:
+    async def timed_batch(events: list[Any]) -> list[Any]:
         started = time.perf_counter()
         try:
-            await run_batch(events, ack)
+            result: list[Any] = await run_batch(events)
+            return result
         finally:
             api.metrics.batch(time.perf_counter() - started, len(events))
 

@@ -7,13 +7,10 @@ The agent is thin: it takes a batch of messages (input and ticks, co-partitioned
 `streams.processor.Processor` decide everything, then:
 1. publishes the batch's outputs and waits until the broker has them (`producer.flush`);
 2. writes each changed user's state once (one changelog record per user per batch);
-3. acks the batch's messages once their changelog records are acknowledged, so their offsets
-   may be committed. That wait overlaps the next batch's engine work and outputs (the next
-   batch writes no state before it is over).
+3. acks the batch's messages, so their offsets may be committed.
 In that order, a stored state that records an input as applied implies its outputs were
 delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
-loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids,
-and a crash before (3) redelivers inputs whose duplicates write their states again.
+loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids.
 Messages are acked by hand (`noack_take`): a batch interrupted by a crash or shutdown is never
 committed.
 """
@@ -23,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import faust
@@ -35,7 +31,7 @@ from schemas.ticks import encode_tick
 from streams import faust_patches  # applied on import: every worker runs patched
 from streams.backfill import Backfill
 from streams.faults import KillSwitch
-from streams.fencing import Fence, FrozenWhileWriting, Writes
+from streams.fencing import Fence, FrozenWhileWriting
 from streams.gapfill import GapFiller, fill_holes
 from streams.memory import GcPolicy
 from streams.positions import Positions
@@ -134,7 +130,9 @@ def create_app(
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
         async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
-            await runtime.run_batch(events, stream.ack)
+            for event in await runtime.run_batch(events):
+                await stream.ack(event)
+            runtime.faults.reached("acked")
 
     @app.timer(settings.tick_interval_s)
     async def tick() -> None:
@@ -160,10 +158,6 @@ def create_app(
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def final_summary(app: Any, **_: Any) -> None:
-        try:  # the last batch's inputs acknowledged, so the final commit includes them
-            await asyncio.wait_for(runtime.settle(), settings.session_timeout_s)
-        except Exception as exc:  # stopping regardless; its inputs are redelivered
-            log.warning("the last batch was not acknowledged before stopping (%s)", exc)
         runtime.log_summary()
         await runtime.gaps.close()
 
@@ -198,18 +192,15 @@ class _Runtime:
         self.repairs: dict[int, set[bytes]] = {}
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._last_summary = (time.monotonic(), 0)
-        self.pending: asyncio.Future[None] | None = None
-        """The last batch's changelog acknowledgement and input acks, still under way."""
 
-    async def run_batch(self, events: list[Any], ack: Callable[[Any], Awaitable[Any]]) -> None:
-        """Apply a batch: deliver its outputs, then write its states; its inputs are
-        acknowledged (`ack`) once their changelog records are, while the next batch already
-        runs (`settle`). Every message is applied, skipped as a duplicate or dead-lettered;
-        none is acknowledged when the worker fenced itself (see streams/fencing.py)."""
+    async def run_batch(self, events: list[Any]) -> list[Any]:
+        """Apply a batch (outputs delivered, then states written); returns the events to ack:
+        all of them, since every message is applied, skipped as a duplicate or dead-lettered
+        (none when the worker fenced itself: see streams/fencing.py)."""
         fence = self.fence
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if fence.dropping(generation, events):
-            return
+            return []
         clock = _StageClock()
         batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
@@ -221,8 +212,7 @@ class _Runtime:
         self.processor.run_batch(batch, messages, self.positions.caught_up, _wall_ms)
         clock.lap("apply")
         if not await fence.may_write(generation):
-            fence.drop(generation, events)
-            return
+            return fence.drop(generation, events)
         # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
         # (BENCHMARKS.md). The states are written only once every output is acknowledged,
         # so a failed delivery raises here, before any state records the inputs as applied.
@@ -235,51 +225,19 @@ class _Runtime:
         await asyncio.gather(*sent)
         clock.lap("outputs")
         self.faults.reached("outputs")
-        # The previous batch's changelog records were on their way meanwhile; they are
-        # acknowledged before this batch writes a state, so at most one batch's states are
-        # stored without their changelog records (a crash redelivers its inputs, and the
-        # duplicates write those states again).
-        await self.settle()
-        clock.lap("previous")
         if not await fence.may_write(generation):
-            fence.drop(generation, events)
-            return
+            return fence.drop(generation, events)
         writes = list(batch.writes())
         for key, value, context in writes:
             self.table.set(key, value, context)
         self.faults.reached("stored")
-        self.processor.remember(batch)  # the local store has them: the next batch reads them
         try:
-            acknowledged = await self.table.queue_changelog(producer, writes, fence.unless_frozen)
+            # Every changelog record acknowledged before the inputs are: a restore from the
+            # changelog can never fall behind the committed offsets.
+            await self.table.send_changelog(producer, writes, fence.unless_frozen)
+            fence.unless_frozen()  # frozen while the records were on their way?
         except FrozenWhileWriting as frozen:
             await fence.leave_repairs(writes, frozen.stalled_s)
-        self.pending = asyncio.ensure_future(
-            self._finish(acknowledged, writes, events, messages, ack)
-        )
-        clock.lap("states")
-        clock.report(len(messages), len(batch.outputs), len(writes))
-
-    async def settle(self) -> None:
-        """Wait until the previous batch's changelog records and inputs are acknowledged."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            await pending
-
-    async def _finish(
-        self,
-        acknowledged: Awaitable[None],
-        writes: Writes,
-        events: list[Any],
-        messages: list[InMessage],
-        ack: Callable[[Any], Awaitable[Any]],
-    ) -> None:
-        """Once a batch's changelog records are acknowledged, acknowledge its inputs: a
-        restore from the changelog can never fall behind the committed offsets."""
-        try:
-            await acknowledged
-            self.fence.unless_frozen()  # frozen while the records were on their way?
-        except FrozenWhileWriting as frozen:
-            await self.fence.leave_repairs(writes, frozen.stalled_s)
         except Exception as exc:
             log.critical(
                 "a state's changelog record was not delivered (%s: %s): stopping the worker. "
@@ -290,14 +248,15 @@ class _Runtime:
             )
             await self.app.crash(exc)
             raise
+        clock.lap("states")
         self.faults.reached("changelog")
-        for event in events:
-            await ack(event)
-        self.faults.reached("acked")
+        self.processor.remember(batch)
         if self.backfill is not None:
             self.backfill.advance(
                 messages, self.processor.next_offset, self.settings.topics.ticks.name
             )
+        clock.report(len(messages), len(batch.outputs), len(writes))
+        return events
 
     async def send_ticks(self, ticks: Any) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""

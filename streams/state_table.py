@@ -3,7 +3,7 @@ one user at a time on the right partition, its changelog written per batch.
 
 Faust keeps a table in one RocksDB database per partition plus a compacted changelog topic it
 restores from. The worker writes the local store and sends the changelog records itself, once
-per user per batch (`FaustTable.queue_changelog`), and restores skip records older than the
+per user per batch (`FaustTable.send_changelog`), and restores skip records older than the
 state they already hold (`fence_stale_changelog_records`), so a late write by a worker that
 had lost its partitions can never move a user back.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from faust.types import TP
@@ -52,7 +52,7 @@ class FaustTable(Table):
 
     def set(self, key: bytes, value: bytes, context: Any) -> None:
         """Write the local store on the partition of `context` (no changelog record: the
-        worker sends a batch's records together with `queue_changelog`)."""
+        worker sends a batch's records together with `send_changelog`)."""
         with on_partition_of(context):
             faust_patches.store_put(self.table, key, value)
 
@@ -62,19 +62,19 @@ class FaustTable(Table):
         name: str = self.table.changelog_topic.get_topic_name()
         return name
 
-    async def queue_changelog(
+    async def send_changelog(
         self,
         producer: Any,
         writes: list[tuple[bytes, bytes, Any]],
         before_sending: Callable[[], None] = lambda: None,
-    ) -> Awaitable[None]:
-        """Queue the changelog records of values just stored; returns what to await for the
-        broker's acknowledgement, which raises what a failed delivery raises.
+    ) -> None:
+        """Send the changelog records of values just stored and wait for the broker.
 
         The records go straight to the producer (Faust's per-record `send_soon` path and its
-        per-record callback cost more than the rest of a batch). Once they are acknowledged,
-        each partition's last changelog offset is stored once, as Faust's callback would
-        store it per record: a restart with the datadir kept reads the changelog from there.
+        per-record callback cost more than the rest of a batch), then each partition's last
+        changelog offset is stored once, as Faust's callback would store it per record: a
+        restart with the datadir kept reads the changelog from there. Raises what a failed
+        delivery raises.
         """
         topic = self.changelog_topic
         futures = []
@@ -83,16 +83,13 @@ class FaustTable(Table):
             futures.append(
                 await producer.send(topic, key, value, context.message.partition, None, None)
             )
-        before_sending()  # queued, not yet sent
-
-        async def acknowledged() -> None:
-            last: dict[int, int] = {}
-            for metadata in await asyncio.gather(*futures):
-                last[metadata.partition] = max(last.get(metadata.partition, -1), metadata.offset)
-            for partition, offset in last.items():
-                faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
-
-        return acknowledged()
+        before_sending()  # queued, not yet flushed
+        await producer.flush()
+        last: dict[int, int] = {}
+        for metadata in await asyncio.gather(*futures):
+            last[metadata.partition] = max(last.get(metadata.partition, -1), metadata.offset)
+        for partition, offset in last.items():
+            faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 
     def restore_in_full(self, partitions: list[int]) -> None:
         """Make the next restore of `partitions` here read their changelog from the start."""
