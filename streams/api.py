@@ -36,6 +36,7 @@ from mode import Service
 from yarl import URL
 
 from engine import EngineConfig, EngineError
+from streams import faust_patches
 from streams import processor as processor_module
 from streams.metrics import CONTENT_TYPE, Family, Metrics, processor_families, render
 from streams.serving import (
@@ -544,7 +545,7 @@ class FaustNode:
 
         tp = TP(self.changelog, partition)
         assignor = self.app.assignor
-        dbs = getattr(self.table.data, "_dbs", {})
+        dbs = faust_patches.open_partitions(self.table)
         local: Any = None
         settling = self._settling()
         if tp in assignor.assigned_actives():
@@ -555,7 +556,7 @@ class FaustNode:
         return PartitionView(local, settling, self._owners().get(partition), self.me)
 
     def get(self, partition: int, key: bytes) -> bytes | None:
-        if partition not in getattr(self.table.data, "_dbs", {}):
+        if partition not in faust_patches.open_partitions(self.table):
             msg = f"partition {partition} is not open on this worker (moved away); retry"
             raise ApiError(503, msg, retry_after=RETRY_AFTER_S, partition=partition)
         value: bytes | None = self.runtime.table.get(key, _PartitionEvent(partition))
@@ -606,19 +607,18 @@ class FaustNode:
             assignment = consumer.assignment()
         except (AssertionError, AttributeError, KeyError):
             return {}
-        committed = getattr(consumer, "_committed_offset", {})
         for tp in assignment:
             if tp.topic != self.events_topic:
                 continue
             try:
-                highwater = _end_offset(consumer, TP(tp.topic, tp.partition))
+                highwater = faust_patches.end_offset(consumer, TP(tp.topic, tp.partition))
             except (AssertionError, AttributeError, KeyError):
                 continue
             if highwater is None:
                 continue
             handled = self.runtime.processor.next_offset.get(tp.partition)
             if handled is None:
-                handled = committed.get(TP(tp.topic, tp.partition))
+                handled = faust_patches.committed_offset(consumer, TP(tp.topic, tp.partition))
             lags[tp.partition] = max(highwater - (handled or 0), 0)
         return lags
 
@@ -667,18 +667,6 @@ def _state_table() -> str:
     from streams.app import STATE_TABLE  # noqa: PLC0415 - streams.app imports this module
 
     return STATE_TABLE
-
-
-def _end_offset(consumer: Any, tp: Any) -> int | None:
-    """The partition's end offset as the worker's own lag uses it (the last stable offset
-    where `streams.faust_patches` provides it), else the consumer's high-water mark."""
-    try:
-        from streams import faust_patches  # noqa: PLC0415 - optional
-    except ImportError:
-        faust_patches = None  # type: ignore[assignment]
-    end = getattr(faust_patches, "end_offset", None)
-    value = end(consumer, tp) if end is not None else consumer.highwater(tp)
-    return None if value is None else int(value)
 
 
 class ApiService(Service):

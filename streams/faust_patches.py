@@ -510,6 +510,11 @@ def end_offset(consumer: Any, tp: TP) -> int | None:
     return None if value is None else int(value)
 
 
+def open_partitions(table: Any) -> set[int]:
+    """The partitions whose local store (RocksDB database) `table` has open on this worker."""
+    return set(getattr(table.data, "_dbs", {}))
+
+
 def store_get(table: Any, key: bytes) -> bytes | None:
     """Read `key` from `table`'s local store (RocksDB), on the current event's partition."""
     value: bytes | None = table.data.get(key)

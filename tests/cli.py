@@ -16,13 +16,20 @@ def run_oracular(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """`python -m streams.cli ARGS` with `env`; the finished process and its seconds."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        env=dict(env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "streams.cli", *args],
+            env=dict(env),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:  # say what it was doing when it was stopped
+        tail = (exc.stderr or b"")[-4000:]
+        text = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        command = " ".join(args[:3])
+        msg = f"`oracular {command} …` did not finish in {timeout:.0f} s; its stderr:\n{text}"
+        raise AssertionError(msg) from exc
     return done, time.monotonic() - started
