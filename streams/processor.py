@@ -212,7 +212,21 @@ class Batch:
     cache: StateCache | None = None
 
     def slot(self, key: bytes, message: InMessage) -> _Slot:
-        """The user's state for this batch, from the cache or read from the table.
+        """The user's state for this batch, from the cache or read from the table (a new
+        user's initial state when there is none).
+
+        Raises:
+            StateFormatError: the stored value cannot be read (it is left as it is).
+        """
+        slot = self.stored_slot(key, message)
+        if slot is None:
+            user = StoredUser(create_state(self.config), message.partition, -1)
+            slot = self.slots[key] = _Slot(user, message.context)
+        return slot
+
+    def stored_slot(self, key: bytes, message: InMessage) -> _Slot | None:
+        """The user's state for this batch if the user has one (in this batch, the cache or
+        the table), else None.
 
         Raises:
             StateFormatError: the stored value cannot be read (it is left as it is).
@@ -222,21 +236,11 @@ class Batch:
             user = None if self.cache is None else self.cache.get(key)
             if user is None:
                 raw = self.table.get(key, message.context)
-                user = (
-                    StoredUser(create_state(self.config), message.partition, -1)
-                    if raw is None
-                    else decode_stored(raw, self.config)
-                )
+                if raw is None:
+                    return None
+                user = decode_stored(raw, self.config)
             slot = self.slots[key] = _Slot(user, message.context)
         return slot
-
-    def known(self, key: bytes, message: InMessage) -> bool:
-        """True when the user has a state (in this batch, the cache or the table)."""
-        return (
-            key in self.slots
-            or (self.cache is not None and self.cache.get(key) is not None)
-            or self.table.get(key, message.context) is not None
-        )
 
     def writes(self) -> Iterable[tuple[bytes, bytes, Any]]:
         """(key, value, context) of every user the batch changed."""
@@ -335,11 +339,11 @@ class Processor:
         Users without a state here are left alone: this worker writes them when it applies
         their input."""
         for key in keys:
-            if not batch.known(key, message):
-                continue
             try:
-                slot = batch.slot(key, message)
+                slot = batch.stored_slot(key, message)
             except StateFormatError:
+                continue
+            if slot is None:
                 continue
             slot.dirty = True
             self.counts["rewritten"] += 1
