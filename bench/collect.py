@@ -32,7 +32,7 @@ class Outputs:
     """Smallest record timestamp (ms; set by the producing process when it sent the record)."""
     last_ts: dict[str, int] = field(default_factory=dict)
     """Per role, the largest record timestamp."""
-    values: list[tuple[float, bytes]] = field(default_factory=list)
+    values: list[tuple[float, bytes, float]] = field(default_factory=list)
     """(arrival wall time, value) of every record, when kept."""
     stamps: dict[str, list[int]] = field(default_factory=dict)
     """Per role, every record's timestamp (ms), in arrival order."""
@@ -57,7 +57,7 @@ class Outputs:
             if ts > self.last_ts.get(role, 0):
                 self.last_ts[role] = ts
             if keep and record.value is not None:
-                self.values.append((arrival, record.value))
+                self.values.append((arrival, record.value, ts / 1000))
 
 
 @dataclass

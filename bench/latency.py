@@ -101,19 +101,22 @@ async def latency_run(bench: Session, kind: str, rate: float, run: int) -> dict[
     sent: dict[str, float] = msgpack.unpackb(sent_path.read_bytes())
     warm_from = min(sent.values()) + p.latency_warmup_s
     latencies = []
-    series = []  # (produce time, latency) of every matched event, kept for inspection
-    for arrival, value in outputs.values:
+    series = []  # (produce time, latency, the output's send time) per event, for inspection
+    legs: list[float] = []  # produce -> the output's send by the worker (its record timestamp)
+    for arrival, value, output_sent in outputs.values:
         message = msgpack.unpackb(value, raw=False)
         key = message["id"] if kind == "pipeline" else f"{message['user']}:{message['id']}"
         at = sent.get(key)
         if at is not None:
-            series.append((at, arrival - at))
+            series.append((at, arrival - at, output_sent))
             if at >= warm_from:
                 latencies.append(arrival - at)
+                legs.append(output_sent - at)
     sent_path.with_suffix(".latency").write_bytes(msgpack.packb(sorted(series)))
     measured = sum(1 for t in sent.values() if t >= warm_from)
     return {
         **_percentiles(latencies),
+        "to_output_p50": _percentiles(legs)["p50"] if legs else None,  # where the time goes
         "sent": len(sent),
         "measured_events": measured,
         "with_output": len(latencies),
@@ -139,4 +142,9 @@ def fmt_latency(row: Mapping[str, Any]) -> str:
     return (
         f"p50 {row['p50'] * 1000:.1f} ms, p99 {row['p99'] * 1000:.1f} ms, "
         f"max {row['max'] * 1000:.1f} ms over {row['with_output']:,} events"
+        + (
+            f" (p50 produce -> output sent {row['to_output_p50'] * 1000:.1f} ms)"
+            if row.get("to_output_p50") is not None
+            else ""
+        )
     )

@@ -91,6 +91,7 @@ def create_app(
         web_port=settings.web_port or 6066,
     )
 
+    app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches
     inputs = raw_topic(app, topics.events.name, topics.ticks.name, partitions=partitions)
     ticks = raw_topic(app, topics.ticks.name, partitions=partitions)
     outputs = {

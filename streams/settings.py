@@ -134,6 +134,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "how long the agent waits to fill a batch after the last one: latency against "
             "batch size (5 ms: p99 22-24 ms at half load against 37-43 ms with 10 ms; a "
             "backlog fills batches at once, so throughput is the same; BENCHMARKS.md)"),
+    Setting("fetch_max_wait_ms", "ORACULAR_FETCH_MAX_WAIT_MS", int, 2,
+            "longest the broker holds a fetch that finds no new input while input arrives "
+            "(an idle worker's fetches wait 500 ms); a fetch of quiet partitions holds the "
+            "busy ones back this long (Faust's 1,500 ms delivered input in 1-second bursts)"),
     Setting("summary_interval_s", "ORACULAR_SUMMARY_INTERVAL_S", float, 30.0,
             "how often the worker logs its counters"),
     Setting("commit_interval_s", "ORACULAR_COMMIT_INTERVAL_S", float, 1.0,
@@ -213,6 +217,7 @@ class Settings:
     batch_max: int = _default("batch_max")
     state_cache_users: int = _default("state_cache_users")
     batch_window_s: float = _default("batch_window_s")
+    fetch_max_wait_ms: int = _default("fetch_max_wait_ms")
     summary_interval_s: float = _default("summary_interval_s")
     commit_interval_s: float = _default("commit_interval_s")
     session_timeout_s: float = _default("session_timeout_s")
@@ -369,6 +374,7 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "tick_interval_s",
         "batch_max",
         "batch_window_s",
+        "fetch_max_wait_ms",
         "summary_interval_s",
         "replication_factor",
         "session_timeout_s",

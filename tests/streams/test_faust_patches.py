@@ -54,6 +54,9 @@ SOURCE_SHA256 = {
     "AIOKafkaConsumerThread._fetch_records": (
         "39a2c6c79fc1455a199629912b533458a720c64983bc957420a42feef6593baa"
     ),
+    "Fetcher._proc_fetch_request": (  # aiokafka 0.14.0's
+        "59bf948fff47eed580671971252454daa614df479733f3bedfefe95bc4d8ad30"
+    ),
     "AIOKafkaConsumerThread._create_worker_consumer": (
         "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7"
     ),
@@ -613,6 +616,62 @@ async def test_the_worker_consumer_reads_committed_records_only(request, workers
         await client.stop()
 
 
+@pytest.mark.parametrize(("patch", "wait_ms"), [("patched", 25), ("upstream", 1500)])
+async def test_the_worker_consumer_fetch_wait_is_the_apps(request, workers, patch, wait_ms):
+    """Patched, a fetch of the worker's consumer waits the app's `fetch_max_wait_ms` (while
+    input arrives); upstream, Faust's 1.5 s."""
+    request.getfixturevalue(patch)
+    consumer = make_worker(workers).consumer
+    consumer.app.fetch_max_wait_ms = 25
+    client = consumer._thread._create_worker_consumer(consumer.transport)
+    try:
+        assert client._fetch_max_wait_ms == wait_ms
+    finally:
+        await client.stop()
+
+
+class _Broker:
+    """Stands in for the network under aiokafka's `Fetcher._proc_fetch_request`: records
+    the wait each fetch asked for, answers with records or without."""
+
+    def __init__(self) -> None:
+        self.waits: list[int] = []
+        self.answers: list[bool] = []
+
+    async def __call__(self, fetcher: Any, assignment: Any, node_id: int, request: Any) -> bool:
+        self.waits.append(request._max_wait_ms)
+        return self.answers.pop(0)
+
+
+async def test_a_fetch_waits_short_while_records_arrive_and_long_when_idle(monkeypatch):
+    """The first fetch (nothing seen yet) waits long; after an answer with records, fetches
+    wait the consumer's short wait, even an empty one; a second after the last records, long
+    again. Upstream, every fetch waits the consumer's setting (so a short one spins idle and a
+    long one delivers input in bursts)."""
+    broker = _Broker()
+    proc = faust_patches._fetch_waiting_by_traffic(broker)
+    fetcher = SimpleNamespace()
+    clock = [100.0]
+    monkeypatch.setattr(faust_patches.time, "monotonic", lambda: clock[0])
+    broker.answers = [True, False, True, False, False]
+    for _ in range(3):
+        await proc(fetcher, None, 1, SimpleNamespace(_max_wait_ms=2))
+    clock[0] += faust_patches.BUSY_S / 2
+    await proc(fetcher, None, 1, SimpleNamespace(_max_wait_ms=2))
+    clock[0] += faust_patches.BUSY_S
+    await proc(fetcher, None, 1, SimpleNamespace(_max_wait_ms=2))
+    idle = faust_patches.IDLE_FETCH_WAIT_MS
+    assert broker.waits == [idle, 2, 2, 2, idle]
+
+
+def test_the_fetch_wait_patch_wraps_aiokafkas_fetcher() -> None:
+    """The patch sits on aiokafka's `Fetcher` (the class a started consumer builds)."""
+    assert (
+        Fetcher._proc_fetch_request.__wrapped__
+        is faust_patches.ORIGINALS[Fetcher, "_proc_fetch_request"]
+    )
+
+
 # --- what the patches are applied to ---------------------------------------------------------
 
 
@@ -650,6 +709,13 @@ def test_the_patches_refuse_another_faust_version(version):
     ):
         faust_patches.apply(version)
     assert faust_patches.applied()
+
+
+def test_the_patches_refuse_another_aiokafka_version():
+    """Another aiokafka under Faust is refused too: one patch wraps its fetcher."""
+    with pytest.raises(FaustVersionError, match=r"aiokafka 0\.15\.0 is installed.*0\.14\.0"):
+        faust_patches.check_version(aiokafka="0.15.0")
+    faust_patches.check_version()  # the installed pair
 
 
 def test_the_installed_faust_is_the_patched_version():
