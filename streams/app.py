@@ -229,8 +229,7 @@ class _Runtime:
         if not await fence.may_write(generation):
             return fence.drop(generation, events)
         writes = list(batch.writes())
-        for key, value, context in writes:
-            self.table.set(key, value, context)
+        self.table.set_all(writes)
         self.faults.reached("stored")
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the

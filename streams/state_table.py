@@ -53,8 +53,15 @@ class FaustTable(Table):
     def set(self, key: bytes, value: bytes, context: Any) -> None:
         """Write the local store on the partition of `context` (no changelog record: the
         worker sends a batch's records together with `send_changelog`)."""
-        with on_partition_of(context):
-            faust_patches.store_put(self.table, key, value)
+        self.set_all([(key, value, context)])
+
+    def set_all(self, writes: list[tuple[bytes, bytes, Any]]) -> None:
+        """`set` each of `writes`, one RocksDB write batch per partition."""
+        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value, context in writes:
+            by_partition.setdefault(context.message.partition, []).append((key, value))
+        for partition, items in by_partition.items():
+            faust_patches.store_put_all(self.table, partition, items)
 
     @property
     def changelog_topic(self) -> str:

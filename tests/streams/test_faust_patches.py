@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import faust
 import pytest
+import rocksdict
 from aiokafka.consumer.fetcher import Fetcher, FetchResult
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import ConsumerRecord
@@ -716,6 +717,110 @@ def test_the_patches_refuse_another_aiokafka_version():
     with pytest.raises(FaustVersionError, match=r"aiokafka 0\.15\.0 is installed.*0\.14\.0"):
         faust_patches.check_version(aiokafka="0.15.0")
     faust_patches.check_version()  # the installed pair
+
+
+class _Deliveries:
+    """Counts what upstream's race would have cost: `wait_first` calls."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.races = 0
+        race = consumer.wait_first
+
+        async def counted(*coros: Any, **kwargs: Any) -> Any:
+            self.races += 1
+            return await race(*coros, **kwargs)
+
+        consumer.wait_first = counted
+
+
+async def test_a_delivery_that_does_not_wait_runs_inline(patched, workers):
+    """A delivery into a buffer with room completes without a task or a race."""
+    consumer = make_worker(workers).consumer
+    deliveries = _Deliveries(consumer)
+    done: list[int] = []
+
+    async def deliver() -> None:
+        done.append(1)
+
+    assert await faust_patches._run_delivery(consumer, deliver())
+    assert done == [1] and deliveries.races == 0
+
+
+async def test_a_delivery_that_waits_is_raced_and_completes(patched, workers):
+    """A delivery waiting on a future (a full buffer) and a bare yield completes once the
+    future is resolved, through one race per wait."""
+    consumer = make_worker(workers).consumer
+    deliveries = _Deliveries(consumer)
+    room = asyncio.get_running_loop().create_future()
+    steps: list[str] = []
+
+    async def deliver() -> str:
+        await asyncio.sleep(0)
+        steps.append("waiting")
+        value = await room
+        steps.append(value)
+        return value
+
+    running = asyncio.ensure_future(faust_patches._run_delivery(consumer, deliver()))
+    await _wait_until(lambda: steps == ["waiting"], "the delivery waiting")
+    room.set_result("delivered")
+    assert await running
+    assert steps == ["waiting", "delivered"] and deliveries.races == 1
+
+
+async def test_a_waiting_delivery_is_cancelled_when_flow_is_suspended(patched, workers):
+    """Flow suspended while a delivery waits: False, and the delivery sees a cancellation
+    (its cleanup runs), as upstream's race cancels the delivery's task."""
+    consumer = make_worker(workers).consumer
+    never = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def deliver() -> None:
+        try:
+            await never
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    consumer.suspend_flow.clear()
+    running = asyncio.ensure_future(faust_patches._run_delivery(consumer, deliver()))
+    await asyncio.sleep(0.01)
+    consumer.suspend_flow.set()
+    assert await asyncio.wait_for(running, 10) is False
+    assert seen == ["cancelled"] and never.cancelled()
+
+
+async def test_a_delivery_error_propagates(patched, workers):
+    """What a delivery raises, before or after waiting, is raised to the fetch loop."""
+    consumer = make_worker(workers).consumer
+
+    async def fails_at_once() -> None:
+        raise ValueError("bad record")
+
+    async def fails_after_waiting() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("later")
+
+    with pytest.raises(ValueError, match="bad record"):
+        await faust_patches._run_delivery(consumer, fails_at_once())
+    with pytest.raises(KeyError, match="later"):
+        await faust_patches._run_delivery(consumer, fails_after_waiting())
+
+
+def test_store_put_all_writes_one_partitions_database_in_raw_bytes(tmp_path):
+    """The write batch lands in the partition's database as Faust opens it (raw bytes), and
+    only there."""
+    dbs = {
+        p: rocksdict.Rdict(str(tmp_path / str(p)), rocksdict.Options(raw_mode=True)) for p in (0, 1)
+    }
+    table = SimpleNamespace(data=SimpleNamespace(_db_for_partition=dbs.__getitem__))
+    try:
+        faust_patches.store_put_all(table, 1, [(b"u1", b"\x81\xa1a\x01"), (b"u2", b"")])
+        assert dbs[1][b"u1"] == b"\x81\xa1a\x01" and dbs[1][b"u2"] == b""
+        assert dbs[0].get(b"u1") is None
+    finally:
+        for db in dbs.values():
+            db.close()
 
 
 def test_the_installed_faust_is_the_patched_version():
