@@ -8,8 +8,10 @@ recovery. `install_serving(app, runtime)` is the one hook `streams.app.create_ap
   worker owning it answers from its RocksDB copy; any other worker forwards exactly one hop
   to the owner's URL (Faust's assignor shares each worker's `canonical_url`, which is this
   API's URL), or answers from its standby copy when the caller passes `?stale=true`.
-- Reads never write the table and decode only the user asked for; a batch yields to the
-  event loop between users.
+- Reads never write the table. The owner answers from the worker's cache of decoded users
+  (`Processor.cache`, read with `StateCache.peek`: no decode) when it holds the user, else it
+  reads and decodes that one user from RocksDB; a batch yields to the event loop between
+  users.
 - Reveals are appended to the input topic as `revealed` commands, keyed by user, so the agent
   applies them in order and a replay sees them.
 """
@@ -26,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +39,7 @@ from mode import Service
 from yarl import URL
 
 from engine import EngineConfig, EngineError
+from schemas.stored import StoredUser
 from streams import faust_patches
 from streams import processor as processor_module
 from streams.metrics import CONTENT_TYPE, Family, Metrics, processor_families, render
@@ -47,6 +51,7 @@ from streams.serving import (
     BatchItem,
     PartitionView,
     Route,
+    UserRead,
     answer,
     check_intents,
     check_user,
@@ -56,6 +61,7 @@ from streams.serving import (
     parse_bool,
     parse_reveal,
     partition_for,
+    read_stored,
     read_user,
     route,
 )
@@ -95,6 +101,12 @@ class Node(Protocol):
     async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]: ...
 
 
+class UserCache(Protocol):
+    """The worker's cache of decoded users, read-only (`streams.processor.StateCache`)."""
+
+    def peek(self, key: bytes) -> StoredUser | None: ...
+
+
 @dataclass
 class Api:
     """The handlers' shared state: the node, options, metrics and the forwarding client."""
@@ -104,6 +116,12 @@ class Api:
     forward_timeout_s: float = 2.0
     metrics: Metrics = field(default_factory=Metrics)
     session: ClientSession | None = None
+    cache: UserCache | None = None
+    """Decoded users whose changelog records are acknowledged (write-through: never a state
+    the table does not hold); the owner answers from it without reading or decoding. None:
+    every lookup reads the table."""
+    reads: Counter[str] = field(default_factory=Counter)
+    """Users the owner's lookups read, by source: "cache" or "table"."""
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
 
     @property
@@ -224,7 +242,14 @@ class _Handlers:
         lag = Family("oracular_partition_lag", "gauge", "Input messages waiting, per partition.")
         for partition, value in sorted(self.node.lag().items()):
             lag.add(value, (("partition", str(partition)),))
-        families += [lag, *self.node.gauges(), *self.api.metrics.families()]
+        reads = Family(
+            "oracular_lookup_reads_total",
+            "counter",
+            "Users read by lookups answered here, by source (decoded-user cache or table).",
+        )
+        for source in ("cache", "table"):
+            reads.add(self.api.reads[source], (("source", source),))
+        families += [lag, *self.node.gauges(), *self.api.metrics.families(), reads]
         families.append(
             Family("oracular_config_info", "gauge", "The engine config's hash.").add(
                 1, (("config", self.config_id),)
@@ -259,7 +284,8 @@ class _Handlers:
             at = parse_at(query.get("at"), self.api.clock())
             forwarded = FORWARDED_HEADER in request.headers
             partition = partition_for(user, self.node.partitions)
-            decision = route(partition, self.node.view(partition), stale=stale, forwarded=forwarded)
+            view = self.node.view(partition)
+            decision = route(partition, view, stale=stale, forwarded=forwarded)
             if decision.action == "forward":
                 assert decision.url is not None
                 response, status = await self._forward_single(request, decision.url)
@@ -268,7 +294,13 @@ class _Handlers:
                 status = "unavailable"
                 raise ApiError(503, decision.reason, retry_after=RETRY_AFTER_S, partition=partition)
             body = self._local(
-                user, partition, decision, intents=intents, at=at, with_explain=with_explain
+                user,
+                partition,
+                decision,
+                settling=view.settling,
+                intents=intents,
+                at=at,
+                with_explain=with_explain,
             )
             status = "found" if body["known"] else "unknown"
             return _json(body)
@@ -289,19 +321,14 @@ class _Handlers:
         partition: int,
         decision: Route,
         *,
+        settling: bool,
         intents: list[str] | None,
         at: int,
         with_explain: bool,
     ) -> dict[str, Any]:
-        """Answer from this worker's copy of the partition (one user decoded)."""
-        raw = self.node.get(partition, user.encode())
-        try:
-            read = read_user(raw, self.api.config, partition)
-        except EngineError as exc:  # a stored state this worker cannot read
-            msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
-            raise ApiError(500, msg, partition=partition) from exc
+        """Answer from this worker's copy of the partition (one user read)."""
         return answer(
-            read,
+            self._read(user, partition, decision, settling=settling),
             user,
             intents=intents,
             at=at,
@@ -309,6 +336,25 @@ class _Handlers:
             served_by={"worker": self.node.me, "role": decision.role},
             config_id=self.config_id,
         )
+
+    def _read(self, user: str, partition: int, decision: Route, *, settling: bool) -> UserRead:
+        """The user's state: from the cache of decoded users when this worker owns the
+        partition and is not rebalancing or restoring it, else read and decoded from the
+        table copy (RocksDB) the route chose."""
+        key = user.encode()
+        cache = self.api.cache
+        if cache is not None and decision.role == "active" and not settling:
+            stored = cache.peek(key)
+            if stored is not None and stored.partition == partition:
+                self.api.reads["cache"] += 1
+                return read_stored(stored)
+        raw = self.node.get(partition, key)
+        self.api.reads["table"] += 1
+        try:
+            return read_user(raw, self.api.config, partition)
+        except EngineError as exc:  # a stored state this worker cannot read
+            msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
+            raise ApiError(500, msg, partition=partition) from exc
 
     async def _forward_single(self, request: web.Request, url: str) -> tuple[web.Response, str]:
         body = await request.read() if request.can_read_body else None
@@ -384,6 +430,7 @@ class _Handlers:
                             item.user,
                             partition,
                             decision,
+                            settling=views[partition].settling,
                             intents=item.intents,
                             at=at,
                             with_explain=batch.explain,
@@ -811,7 +858,12 @@ def install_serving(app: Any, runtime: Any) -> Api:
     node_table = app.tables[_state_table()]
     node_table.standby_buffer_size = 1
     node = FaustNode(app, runtime, url)
-    api = Api(node, token=settings.api_token, forward_timeout_s=settings.api_forward_timeout_s)
+    api = Api(
+        node,
+        token=settings.api_token,
+        forward_timeout_s=settings.api_forward_timeout_s,
+        cache=runtime.processor.cache,
+    )
     service = ApiService(app, build_web_app(api), sock, url, node)
     app.add_dependency(service)
 

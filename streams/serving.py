@@ -7,7 +7,8 @@ synchronous and testable without a broker:
   producers' partitioner, so the partition that holds the user's state);
 - `route`: what a worker does with a lookup for a partition (answer, forward, 503);
 - `answer`: a user's predictions computed by `engine.predict` at the request time from the
-  stored bytes of that one user (the prior when the user is unknown);
+  state of that one user (`read_user`: its stored bytes decoded, the prior when the user is
+  unknown; `read_stored`: a state the worker's cache already holds decoded);
 - request validation with bounded sizes, raising `ApiError` with the status to answer.
 """
 
@@ -24,7 +25,7 @@ from aiokafka.partitioner import murmur2
 from engine import EngineConfig, EngineState, create_state, explain, predict
 from engine.episodes import clamp_time
 from engine.predict import as_of
-from schemas.stored import decode_stored
+from schemas.stored import StoredUser, decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
 """Set on a forwarded request (to the forwarding worker's URL): the receiver never forwards it
@@ -297,7 +298,11 @@ def read_user(raw: bytes | None, config: EngineConfig, partition: int) -> UserRe
     """Decode one user's stored bytes (None: an unknown user, whose state is the prior)."""
     if raw is None:
         return UserRead(create_state(config), False, partition, None)
-    stored = decode_stored(raw, config)
+    return read_stored(decode_stored(raw, config))
+
+
+def read_stored(stored: StoredUser) -> UserRead:
+    """A known user's state already decoded (the worker's cache of decoded users holds it)."""
     return UserRead(stored.state, True, stored.partition, stored.last_offset)
 
 

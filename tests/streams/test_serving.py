@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -23,9 +26,10 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
-from schemas.stored import StoredUser, encode_stored
+from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams.api import Api, build_web_app
 from streams.metrics import Family
+from streams.processor import StateCache
 from streams.serving import (
     FORWARDED_HEADER,
     MAX_BATCH,
@@ -604,3 +608,166 @@ def test_answer_equals_predict_and_explain_on_the_stored_state(config) -> None:
                         signal.seen,
                         signal.impact,
                     ]
+
+
+# --- answers from the worker's cache of decoded users -------------------------------------
+
+
+def stored_user(config: Any, user: str, partition: int, offset: int = 41) -> StoredUser:
+    replayer = Replayer(config)
+    for event in some_events(user):
+        replayer.feed(event)
+    return StoredUser(replayer.states[user], partition, offset)
+
+
+def test_state_cache_peek_keeps_lru_order_and_counters(config) -> None:
+    """peek (the API thread's read) neither counts nor moves a user: the worker's LRU
+    eviction and hit rate are what they would be without lookups."""
+    cache = StateCache(3)
+    users = {key: stored_user(config, key.decode(), 0) for key in (b"a", b"b", b"c", b"d")}
+    for key in (b"a", b"b", b"c"):
+        cache.put(key, users[key])
+    assert cache.peek(b"a") is users[b"a"]
+    assert cache.peek(b"zz") is None
+    assert (cache.hits, cache.misses) == (0, 0)
+    assert list(cache.users) == [b"a", b"b", b"c"]
+    cache.put(b"d", users[b"d"])  # evicts the least recently used: a, though a was peeked
+    assert list(cache.users) == [b"b", b"c", b"d"]
+    assert cache.peek(b"a") is None
+    assert cache.get(b"b") is users[b"b"] and (cache.hits, cache.misses) == (1, 0)
+
+
+def test_state_cache_peek_from_another_thread_while_the_worker_churns(config) -> None:
+    """The API thread peeks while the worker's thread puts, evicts, drops and clears: every
+    peek gives None or the user's own entry, and nothing raises."""
+    cache = StateCache(64)
+    users = [stored_user(config, "u", n % PARTITIONS) for n in range(8)]
+    keys = [f"user-{n}".encode() for n in range(256)]
+    owner = {key: users[n % len(users)] for n, key in enumerate(keys)}
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        rng = random.Random(5)
+        try:
+            while not stop.is_set():
+                for key in rng.sample(keys, 32):
+                    cache.put(key, owner[key])
+                    cache.get(rng.choice(keys))
+                cache.drop([rng.randrange(PARTITIONS)])
+                if rng.random() < 0.05:
+                    cache.clear()
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    thread = threading.Thread(target=worker)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the GIL over as often as possible
+    thread.start()
+    try:
+        seen = 0
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            for key in keys:
+                found = cache.peek(key)
+                assert found is None or found is owner[key]
+                seen += found is not None
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert not failures, failures
+    assert seen > 0
+
+
+def cached_pair(a: Worker, b: Worker) -> tuple[StateCache, StateCache]:
+    caches = StateCache(1000), StateCache(1000)
+    a.api.cache, b.api.cache = caches
+    return caches
+
+
+async def lookups(http: ClientSession, url: str, user: str, at: int) -> list[Any]:
+    """The single-user, single-intent, explained and batch answers for `user` through `url`."""
+    bodies = []
+    for path in (
+        f"/v1/users/{user}?at={at}",
+        f"/v1/users/{user}/intents/churn?at={at}",
+        f"/v1/users/{user}?at={at}&explain=true",
+    ):
+        status, body, _ = await get(http, url + path)
+        assert status == 200, body
+        bodies.append(body)
+    batch = {"users": [user, {"user": user, "intents": ["upgrade"]}], "at": at}
+    async with http.post(f"{url}/v1/lookup", json=batch) as response:
+        assert response.status == 200
+        bodies.append(await response.json())
+    return bodies
+
+
+async def test_a_lookup_from_the_cache_equals_one_from_the_store(pair, http, config) -> None:
+    """The owner answers from its cache of decoded users without reading its table, and the
+    answers (single, one intent, explained, batch; direct and forwarded) are the store's."""
+    a, b = pair
+    user = user_on(2)
+    store(b, config, user, some_events(user))
+    at = TS + 90 * MIN
+    from_store = [await lookups(http, w.url, user, at) for w in (a, b)]
+    assert b.node.gets == 10 and a.node.gets == 0
+    _, cache_b = cached_pair(a, b)
+    raw = b.node.tables[2][user.encode()]
+    cache_b.put(user.encode(), decode_stored(raw, config))
+    from_cache = [await lookups(http, w.url, user, at) for w in (a, b)]
+    assert from_cache == from_store
+    assert b.node.gets == 10 and a.node.gets == 0  # no table read: all 10 from the cache
+    assert (cache_b.hits, cache_b.misses) == (0, 0)
+    assert b.api.reads == {"cache": 10, "table": 10}
+    assert from_cache[0][0]["intents"]["upgrade"]["p"] == (
+        predict(decode_stored(raw, config).state, "upgrade", at).p
+    )
+
+
+async def test_a_cache_miss_reads_the_store(pair, http, config) -> None:
+    """A user the cache does not hold (evicted, or unknown) is read from the table."""
+    a, b = pair
+    _, cache_b = cached_pair(a, b)
+    known, unknown, other = user_on(2, "known"), user_on(2, "unknown"), user_on(3, "other")
+    state = store(b, config, known, some_events(known))
+    cache_b.put(other.encode(), stored_user(config, other, 3))
+    at = TS + 90 * MIN
+    status, body, _ = await get(http, f"{a.url}/v1/users/{known}?at={at}")
+    assert status == 200 and body["known"] and body["as_of"] == state.clock
+    assert body["intents"]["upgrade"]["p"] == predict(state, "upgrade", at).p
+    status, body, _ = await get(http, f"{b.url}/v1/users/{unknown}?at={at}")
+    assert status == 200 and body["known"] is False
+    assert b.node.gets == 2 and b.api.reads == {"table": 2}
+    async with http.get(f"{b.url}/metrics") as response:
+        text = await response.text()
+    assert 'oracular_lookup_reads_total{source="table"} 2' in text
+    assert 'oracular_lookup_reads_total{source="cache"} 0' in text
+
+
+async def test_standby_and_settling_reads_never_use_the_cache(pair, http, config) -> None:
+    """The cache holds the partitions this worker applies: a standby copy, or an active one
+    being rebalanced or restored (read with ?stale=true), is read from the table. (Here the
+    cache holds another state than the table, to tell which one answered.)"""
+    a, b = pair
+    _, cache_b = cached_pair(a, b)
+    user = user_on(2)
+    state = store(b, config, user, some_events(user))
+    cache_b.put(user.encode(), StoredUser(create_state(config), 2, 7))
+    b.node.local[2] = "standby"
+    b.node.owners[2] = a.url  # a rebalance moved partition 2; B keeps a standby copy
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}?stale=true")
+    assert status == 200 and body["served_by"]["role"] == "standby"
+    assert body["as_of"] == state.clock and body["position"]["offset"] == 41
+    b.node.local[2], b.node.owners[2], b.node.settling = "active", b.url, True
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}?stale=true")
+    assert status == 200 and body["served_by"]["role"] == "active"
+    assert body["as_of"] == state.clock and body["position"]["offset"] == 41
+    async with http.post(f"{b.url}/v1/lookup", json={"users": [user], "stale": True}) as r:
+        assert (await r.json())["results"][0]["position"]["offset"] == 41
+    assert b.node.gets == 3 and b.api.reads == {"table": 3}
+    b.node.settling = False  # settled: the cache answers
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}")
+    assert status == 200 and body["position"]["offset"] == 7
+    assert b.node.gets == 3 and b.api.reads == {"table": 3, "cache": 1}
