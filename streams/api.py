@@ -53,6 +53,8 @@ from streams.serving import (
     Route,
     UserRead,
     answer,
+    batch_body,
+    batch_counts,
     check_intents,
     check_user,
     config_identity,
@@ -446,16 +448,20 @@ class _Handlers:
                     decoded += 1
                     if decoded % YIELD_EVERY == 0:
                         await asyncio.sleep(0)  # never hold the loop for a whole batch
-            await asyncio.gather(
+            forwards = await asyncio.gather(
                 *(
                     self._forward_batch(request, url, batch, indexes, at=at, results=results)
                     for url, indexes in remote.items()
                 )
             )
+            whole = next((answer for answer in forwards if answer is not None), None)
+            if whole is not None:  # every user on one other worker: its answer, as it is
+                statuses.update(whole[0])
+                return web.Response(body=whole[1], content_type="application/json", charset="utf-8")
             final = [r if r is not None else {"status": "unavailable"} for r in results]
             for result in final:
                 statuses[result["status"]] = statuses.get(result["status"], 0) + 1
-            return _json({"at": at, "counts": statuses, "results": final})
+            return _json(batch_body(at, statuses, final))
         except ApiError:
             statuses["invalid"] = 1
             raise
@@ -475,8 +481,13 @@ class _Handlers:
         *,
         at: int,
         results: list[dict[str, Any] | None],
-    ) -> None:
-        """One forward per owner for its users; their slots get the owner's answers."""
+    ) -> tuple[dict[str, int], bytes] | None:
+        """One forward per owner for its users; their slots get the owner's answers.
+
+        When the owner has every user of the batch, its answer is the batch's answer: then
+        (its counts, the answer) are returned to be passed on as they are, without decoding
+        and encoding all the results again (if its head adds up: `batch_counts`).
+        """
         items: list[BatchItem] = [batch.items[n] for n in indexes]
         body = json.dumps(batch.to_json(items, at)).encode()
         try:
@@ -485,6 +496,10 @@ class _Handlers:
             )
             if status != 200:
                 raise ApiError(status, payload.decode(errors="replace")[:300])
+            if len(indexes) == len(results):
+                counts = batch_counts(payload, at, len(indexes))
+                if counts is not None:
+                    return counts, payload
             answers = json.loads(payload)["results"]
             if len(answers) != len(indexes):
                 raise ApiError(502, f"{url} answered {len(answers)} of {len(indexes)} users")
@@ -493,9 +508,10 @@ class _Handlers:
                 item = batch.items[n]
                 partition = partition_for(item.user, self.node.partitions)
                 results[n] = _unavailable(item, partition, exc.message)
-            return
+            return None
         for n, result in zip(indexes, answers, strict=True):
             results[n] = result
+        return None
 
     # --- reveals --------------------------------------------------------------------------
 

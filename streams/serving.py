@@ -135,6 +135,39 @@ def parse_at(raw: object, now_ms: int) -> int:
     return at
 
 
+def batch_body(at: int, counts: Mapping[str, int], results: list[Any]) -> dict[str, Any]:
+    """The JSON answer of a `POST /v1/lookup`, its keys in this order (`batch_counts` reads
+    its head)."""
+    return {"at": at, "counts": counts, "results": results}
+
+
+_DECODER: Final = json.JSONDecoder()
+
+
+def batch_counts(payload: bytes, at: int, users: int) -> dict[str, int] | None:
+    """The `counts` of another worker's batch answer for `users` users at `at`, read from its
+    head only (`{"at":AT,"counts":{...},"results":[`, as `batch_body` is encoded), so a batch
+    forwarded whole can be passed on without decoding and encoding its results again. None
+    when the head is not that, or the counts do not add up to `users` (then the caller
+    decodes the whole answer)."""
+    head = b'{"at":%d,"counts":' % at
+    if not payload.startswith(head):
+        return None
+    text = payload[len(head) : len(head) + 512].decode("utf-8", errors="replace")
+    try:
+        counts, end = _DECODER.raw_decode(text)
+    except ValueError:
+        return None
+    if (
+        not isinstance(counts, dict)
+        or not all(type(v) is int and v >= 0 for v in counts.values())
+        or sum(counts.values()) != users
+        or not text.startswith(',"results":[', end)
+    ):
+        return None
+    return counts
+
+
 @dataclass(frozen=True, slots=True)
 class BatchItem:
     """One user of a `POST /v1/lookup`."""

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -27,6 +28,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
+from streams import api as api_module
 from streams.api import Api, build_web_app
 from streams.metrics import Family
 from streams.processor import StateCache
@@ -35,6 +37,8 @@ from streams.serving import (
     MAX_BATCH,
     ApiError,
     PartitionView,
+    batch_body,
+    batch_counts,
     config_identity,
     parse_at,
     parse_batch,
@@ -771,3 +775,94 @@ async def test_standby_and_settling_reads_never_use_the_cache(pair, http, config
     status, body, _ = await get(http, f"{b.url}/v1/users/{user}")
     assert status == 200 and body["position"]["offset"] == 7
     assert b.node.gets == 3 and b.api.reads == {"table": 3, "cache": 1}
+
+
+# --- a batch all owned by one other worker is passed on as the owner encoded it ------------
+
+
+async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
+    pair, http, config, monkeypatch
+) -> None:
+    """Through A, a batch of B's users gets B's answer byte for byte (A does not decode and
+    encode it again), with the same counts in A's metrics as when A decoded it."""
+    a, b = pair
+    decoded_by_api = []
+
+    def loads(raw: Any) -> Any:
+        decoded_by_api.append(len(raw))
+        return json.loads(raw)
+
+    monkeypatch.setattr(api_module, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    users = [user_on(2 + n % 2, f"whole-{n}") for n in range(40)]
+    for user in users[::2]:
+        store(b, config, user, some_events(user))
+    body = {"users": [*users[:-1], {"user": users[-1], "intents": ["churn"]}], "at": TS + MIN}
+    answers = []
+    for worker in (b, a):
+        async with http.post(f"{worker.url}/v1/lookup", json=body) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+            answers.append(await response.read())
+    assert answers[0] == answers[1]
+    decoded = json.loads(answers[1])
+    assert [r["user"] for r in decoded["results"]] == users
+    assert decoded["counts"] == {"unknown": 20, "found": 20}
+    assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "found"))] == 20
+    assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "unknown"))] == 20
+    assert dict(a.api.metrics.forwards) == {(("outcome", "200"),): 1}
+    assert decoded_by_api == []  # B's answer passed on undecoded
+    mixed = {"users": [users[0], user_on(0, "mine")], "at": TS + MIN}
+    async with http.post(f"{a.url}/v1/lookup", json=mixed) as response:
+        assert response.status == 200
+        assert [r["user"] for r in (await response.json())["results"]] == mixed["users"]
+    assert len(decoded_by_api) == 1  # not all on B: B's part decoded and merged
+
+
+def test_batch_counts_reads_only_a_head_that_adds_up() -> None:
+    results = [{"user": "u", "status": "found"}, {"user": "v", "status": "unknown"}]
+    counts = {"found": 1, "unknown": 1}
+    encoded = json.dumps(batch_body(77, counts, results), separators=(",", ":")).encode()
+    assert batch_counts(encoded, 77, 2) == counts
+    assert batch_counts(encoded, 78, 2) is None  # another time
+    assert batch_counts(encoded, 77, 3) is None  # not every user answered
+    reordered = {"counts": counts, "at": 77, "results": results}
+    assert batch_counts(json.dumps(reordered, separators=(",", ":")).encode(), 77, 2) is None
+    spaced = json.dumps(batch_body(77, counts, results)).encode()  # `"at": 77`
+    assert batch_counts(spaced, 77, 2) is None
+    assert (
+        batch_counts(b'{"at":77,"counts":{"found":1,"unknown":true},"results":[]}', 77, 2) is None
+    )
+    assert batch_counts(b'{"at":77,"counts":{"found":2}, "results":[]}', 77, 2) is None
+    assert batch_counts(b'{"at":77,"counts":{"found":2,', 77, 2) is None
+    assert batch_counts(b"<html>", 77, 2) is None
+
+
+async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None:
+    """An owner whose batch answer has another key order (another version, say): A decodes
+    it and answers in its own shape."""
+    owner = web.Application()
+    seen = []
+
+    async def lookup(request: web.Request) -> web.Response:
+        asked = await request.json()
+        seen.append(asked)
+        results = [{"user": u["user"], "status": "found", "p": 0.5} for u in asked["users"]]
+        return web.json_response(
+            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]}
+        )
+
+    owner.router.add_post("/v1/lookup", lookup)
+    owner_server = TestServer(owner, host="127.0.0.1")
+    await owner_server.start_server()
+    worker = await start_worker(config)
+    try:
+        worker.node.owners = dict.fromkeys(range(PARTITIONS), str(owner_server.make_url("")))
+        async with http.post(f"{worker.url}/v1/lookup", json={"users": ["x", "y"], "at": 5}) as r:
+            assert r.status == 200
+            body = await r.json()
+        assert list(body) == ["at", "counts", "results"]
+        assert body["counts"] == {"found": 2} and [x["user"] for x in body["results"]] == ["x", "y"]
+        assert len(seen) == 1  # one forward, never a second one
+    finally:
+        await worker.server.close()
+        await owner_server.close()
