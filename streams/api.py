@@ -738,8 +738,9 @@ class ApiService(Service):
     The worker's loop spends tens of milliseconds at a time applying a batch; on that loop a
     lookup would wait for the batch, and a burst of lookups would hold up processing. In its
     own thread a lookup waits at most the interpreter's switch interval (5 ms) for the batch,
-    and reads RocksDB (safe from any thread) and the engine (pure) without touching the
-    worker's loop; only a reveal's produce call is handed to the worker's loop.
+    and reads the cache of decoded users (`StateCache.peek`, one dict read), RocksDB (safe
+    from any thread) and the engine (pure) without touching the worker's loop; only a
+    reveal's produce call is handed to the worker's loop.
     """
 
     STARTUP_TIMEOUT_S = 30.0

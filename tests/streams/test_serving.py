@@ -866,3 +866,27 @@ async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None
     finally:
         await worker.server.close()
         await owner_server.close()
+
+
+def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -> None:
+    """The state is read as of `at` once; only the intents asked for are predicted."""
+    from streams import serving
+    from streams.serving import UserRead, answer
+
+    user = "one-intent"
+    state = stored_user(config, user, 0).state
+    predicted: list[str] = []
+    real = serving._prediction
+
+    def spy(intent: Any, intent_config: Any, at: int) -> Any:
+        predicted.append(next(n for n, c in config.intents.items() if c is intent_config))
+        return real(intent, intent_config, at)
+
+    monkeypatch.setattr(serving, "_prediction", spy)
+    kwargs: dict[str, Any] = {"at": TS + 90 * MIN, "with_explain": False, "served_by": {}}
+    one = answer(UserRead(state, True, 0, 1), user, intents=["churn"], config_id="x", **kwargs)
+    assert predicted == ["churn"] and list(one["intents"]) == ["churn"]
+    every = answer(UserRead(state, True, 0, 1), user, intents=None, config_id="x", **kwargs)
+    assert predicted == ["churn", *config.intents]
+    assert one["intents"]["churn"] == every["intents"]["churn"]
+    assert one["intents"]["churn"]["p"] == predict(state, "churn", TS + 90 * MIN).p
