@@ -890,3 +890,26 @@ def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -
     assert predicted == ["churn", *config.intents]
     assert one["intents"]["churn"] == every["intents"]["churn"]
     assert one["intents"]["churn"]["p"] == predict(state, "churn", TS + 90 * MIN).p
+
+
+async def test_a_batch_yields_the_loop_by_time_not_by_count(
+    pair, http, config, monkeypatch
+) -> None:
+    """A batch gives the API's loop back after YIELD_AFTER_S of answering: never within a
+    short batch, after every user when that time is 0."""
+    a, _ = pair
+    yields = []
+
+    async def counted() -> None:
+        yields.append(1)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(api_module, "_yield", counted)
+    users = [user_on(n % 2, f"mine-{n}") for n in range(50)]  # all on A
+    for limit, expected in ((60.0, 0), (0.0, len(users))):
+        yields.clear()
+        monkeypatch.setattr(api_module, "YIELD_AFTER_S", limit)
+        async with http.post(f"{a.url}/v1/lookup", json={"users": users}) as response:
+            assert response.status == 200
+            assert (await response.json())["counts"] == {"unknown": len(users)}
+        assert len(yields) == expected
