@@ -17,7 +17,8 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    process measures, one request at a time: single-user lookups at the owner, single-user
    lookups through the non-owner (one forward), and batches of 100 users all owned by the
    other worker, through the non-owner (one forward per batch), and 100 mixed users.
-   Latency is request sent to response read, in this process.
+   Latency is request sent to response read, in this process. The owners' metrics say how
+   many of the users they read came from their decoded-user cache and how many from the table.
 
 The table is printed as markdown for BENCHMARKS.md.
 """
@@ -56,6 +57,7 @@ BATCH_REQUESTS = 200
 BATCH_SIZE = 100
 API_LINE = re.compile(r"advertised to other workers as (\S+)")
 APPLIED = re.compile(r'^oracular_inputs_total\{outcome="applied"\} (\S+)$', re.MULTILINE)
+READS = re.compile(r'^oracular_lookup_reads_total\{source="(\w+)"\} (\S+)$', re.MULTILINE)
 
 
 async def api_urls(workers: list[Worker], timeout_s: float = 120.0) -> list[str]:
@@ -97,6 +99,17 @@ async def applied(http: ClientSession, urls: list[str]) -> float:
             text = await response.text()
         found = APPLIED.search(text)
         total += float(found.group(1)) if found else 0.0
+    return total
+
+
+async def reads(http: ClientSession, urls: list[str]) -> dict[str, float]:
+    """Users read by the workers' lookups so far, by source (decoded-user cache, table)."""
+    total: dict[str, float] = {}
+    for url in urls:
+        async with http.get(f"{url}/metrics") as response:
+            text = await response.text()
+        for source, value in READS.findall(text):
+            total[source] = total.get(source, 0.0) + float(value)
     return total
 
 
@@ -289,8 +302,10 @@ async def main_async(args: argparse.Namespace) -> int:
             async with ClientSession(timeout=ClientTimeout(total=30)) as http:
                 await asyncio.sleep(3)  # the live load is flowing
                 a0, t0 = await applied(http, urls), time.monotonic()
+                r0 = await reads(http, urls)
                 table = await latency(http, urls, owners, users)
                 live = (await applied(http, urls) - a0) / (time.monotonic() - t0)
+                sources = {s: n - r0.get(s, 0.0) for s, n in (await reads(http, urls)).items()}
         finally:
             loadgen.stop()
     finally:
@@ -299,7 +314,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 worker.stop()
         if broker is not None:
             broker.stop(wipe=True)
-    report(args, rows, table, live)
+    report(args, rows, table, live, sources)
     return 0
 
 
@@ -308,6 +323,7 @@ def report(
     rows: dict[str, list[dict[str, Any]]],
     table: list[tuple[str, tuple[float, float, float], int]],
     live: float,
+    sources: dict[str, float],
 ) -> None:
     """Print the markdown tables for BENCHMARKS.md."""
 
@@ -333,7 +349,8 @@ def report(
     print("|---|---:|---:|---:|---:|")
     for label, (p50, p99, top), count in table:
         print(f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} |")
-    print()
+    read = ", ".join(f"{n:,.0f} from the {s}" for s, n in sorted(sources.items()))
+    print(f"\nusers read by the owners during the latency phase: {read or 'not reported'}\n")
     print(
         f"| processing (2 workers draining a backlog, alternating {WINDOW_S:.0f} s windows) "
         "| events/s per window | pooled |"

@@ -180,6 +180,15 @@ class StateCache:
         self.users.move_to_end(key)
         return user
 
+    def peek(self, key: bytes) -> StoredUser | None:
+        """The cached user or None, read-only: no hit or miss counted, the LRU order kept.
+
+        Safe from another thread (the lookup API's): one dict lookup, atomic under the GIL,
+        that never mutates or iterates the cache; the StoredUser it returns is replaced, never
+        changed, when its user changes, and its engine state is immutable.
+        """
+        return self.users.get(key)
+
     def put(self, key: bytes, user: StoredUser) -> None:
         """Cache `user` (evicting the least recently used beyond the limit)."""
         if self.limit <= 0:

@@ -463,3 +463,46 @@ async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
         await wait_until(right_again, timeout_s=ANSWER_TIMEOUT_S, what="the answer after SIGCONT")
     assert second.stop() == 0
     assert first.stop() == 0
+
+
+async def test_lookups_from_the_cache_equal_lookups_from_the_table(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    """A worker that has applied a stream answers every user from its cache of decoded users
+    (no table read), equal to the replay; restarted without a cache, it reads every user
+    from its table and gives the same answers."""
+    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_TOKEN": TOKEN}
+    dep = deployment(kafka, request.node.name, settings=env)
+    events = generate_stream(dep.config, events=1_000, users=60, seed=37)
+    states = replayed(dep.config, events)
+    at = events[-1].at + 2 * DAY_MS
+    await dep.create_topics()
+    worker = worker_for(faust_worker, dep)
+    answers: list[dict[str, Any]] = []
+    for run in ("cache", "table"):
+        if run == "table":
+            worker.env["ORACULAR_STATE_CACHE_USERS"] = "0"  # restarted without a cache
+        url = api_url(worker.start())
+        async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+            await wait_routing(http, [url])
+            if run == "cache":
+                await produce_events(kafka, dep.topics.events.name, events)
+            await wait_committed(dep)
+            problems: list[str] = []
+            bodies = {}
+            for user, state in sorted(states.items()):
+                status, body, _ = await get_json(http, f"{url}/v1/users/{user}?at={at}")
+                assert status == 200, (user, body)
+                problems += answer_problems(body, state, at)
+                del body["served_by"]  # the restarted worker serves on another port
+                bodies[user] = body
+            assert not problems, f"{len(problems)} differences, e.g.:\n" + "\n".join(problems[:10])
+            answers.append(bodies)
+            text = await scrape(http, url)
+        reads = {
+            source: metric(text, f'oracular_lookup_reads_total{{source="{source}"}}')
+            for source in ("cache", "table")
+        }
+        assert reads == {run: len(states), "cache" if run == "table" else "table": 0}, reads
+        assert worker.stop() == 0
+    assert answers[0] == answers[1]

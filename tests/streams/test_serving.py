@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -23,14 +27,18 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
-from schemas.stored import StoredUser, encode_stored
+from schemas.stored import StoredUser, decode_stored, encode_stored
+from streams import api as api_module
 from streams.api import Api, build_web_app
 from streams.metrics import Family
+from streams.processor import StateCache
 from streams.serving import (
     FORWARDED_HEADER,
     MAX_BATCH,
     ApiError,
     PartitionView,
+    batch_body,
+    batch_counts,
     config_identity,
     parse_at,
     parse_batch,
@@ -604,3 +612,304 @@ def test_answer_equals_predict_and_explain_on_the_stored_state(config) -> None:
                         signal.seen,
                         signal.impact,
                     ]
+
+
+# --- answers from the worker's cache of decoded users -------------------------------------
+
+
+def stored_user(config: Any, user: str, partition: int, offset: int = 41) -> StoredUser:
+    replayer = Replayer(config)
+    for event in some_events(user):
+        replayer.feed(event)
+    return StoredUser(replayer.states[user], partition, offset)
+
+
+def test_state_cache_peek_keeps_lru_order_and_counters(config) -> None:
+    """peek (the API thread's read) neither counts nor moves a user: the worker's LRU
+    eviction and hit rate are what they would be without lookups."""
+    cache = StateCache(3)
+    users = {key: stored_user(config, key.decode(), 0) for key in (b"a", b"b", b"c", b"d")}
+    for key in (b"a", b"b", b"c"):
+        cache.put(key, users[key])
+    assert cache.peek(b"a") is users[b"a"]
+    assert cache.peek(b"zz") is None
+    assert (cache.hits, cache.misses) == (0, 0)
+    assert list(cache.users) == [b"a", b"b", b"c"]
+    cache.put(b"d", users[b"d"])  # evicts the least recently used: a, though a was peeked
+    assert list(cache.users) == [b"b", b"c", b"d"]
+    assert cache.peek(b"a") is None
+    assert cache.get(b"b") is users[b"b"] and (cache.hits, cache.misses) == (1, 0)
+
+
+def test_state_cache_peek_from_another_thread_while_the_worker_churns(config) -> None:
+    """The API thread peeks while the worker's thread puts, evicts, drops and clears: every
+    peek gives None or the user's own entry, and nothing raises."""
+    cache = StateCache(64)
+    users = [stored_user(config, "u", n % PARTITIONS) for n in range(8)]
+    keys = [f"user-{n}".encode() for n in range(256)]
+    owner = {key: users[n % len(users)] for n, key in enumerate(keys)}
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        rng = random.Random(5)
+        try:
+            while not stop.is_set():
+                for key in rng.sample(keys, 32):
+                    cache.put(key, owner[key])
+                    cache.get(rng.choice(keys))
+                cache.drop([rng.randrange(PARTITIONS)])
+                if rng.random() < 0.05:
+                    cache.clear()
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    thread = threading.Thread(target=worker)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the GIL over as often as possible
+    thread.start()
+    try:
+        seen = 0
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            for key in keys:
+                found = cache.peek(key)
+                assert found is None or found is owner[key]
+                seen += found is not None
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert not failures, failures
+    assert seen > 0
+
+
+def cached_pair(a: Worker, b: Worker) -> tuple[StateCache, StateCache]:
+    caches = StateCache(1000), StateCache(1000)
+    a.api.cache, b.api.cache = caches
+    return caches
+
+
+async def lookups(http: ClientSession, url: str, user: str, at: int) -> list[Any]:
+    """The single-user, single-intent, explained and batch answers for `user` through `url`."""
+    bodies = []
+    for path in (
+        f"/v1/users/{user}?at={at}",
+        f"/v1/users/{user}/intents/churn?at={at}",
+        f"/v1/users/{user}?at={at}&explain=true",
+    ):
+        status, body, _ = await get(http, url + path)
+        assert status == 200, body
+        bodies.append(body)
+    batch = {"users": [user, {"user": user, "intents": ["upgrade"]}], "at": at}
+    async with http.post(f"{url}/v1/lookup", json=batch) as response:
+        assert response.status == 200
+        bodies.append(await response.json())
+    return bodies
+
+
+async def test_a_lookup_from_the_cache_equals_one_from_the_store(pair, http, config) -> None:
+    """The owner answers from its cache of decoded users without reading its table, and the
+    answers (single, one intent, explained, batch; direct and forwarded) are the store's."""
+    a, b = pair
+    user = user_on(2)
+    store(b, config, user, some_events(user))
+    at = TS + 90 * MIN
+    from_store = [await lookups(http, w.url, user, at) for w in (a, b)]
+    assert b.node.gets == 10 and a.node.gets == 0
+    _, cache_b = cached_pair(a, b)
+    raw = b.node.tables[2][user.encode()]
+    cache_b.put(user.encode(), decode_stored(raw, config))
+    from_cache = [await lookups(http, w.url, user, at) for w in (a, b)]
+    assert from_cache == from_store
+    assert b.node.gets == 10 and a.node.gets == 0  # no table read: all 10 from the cache
+    assert (cache_b.hits, cache_b.misses) == (0, 0)
+    assert b.api.reads == {"cache": 10, "table": 10}
+    assert from_cache[0][0]["intents"]["upgrade"]["p"] == (
+        predict(decode_stored(raw, config).state, "upgrade", at).p
+    )
+
+
+async def test_a_cache_miss_reads_the_store(pair, http, config) -> None:
+    """A user the cache does not hold (evicted, or unknown) is read from the table."""
+    a, b = pair
+    _, cache_b = cached_pair(a, b)
+    known, unknown, other = user_on(2, "known"), user_on(2, "unknown"), user_on(3, "other")
+    state = store(b, config, known, some_events(known))
+    cache_b.put(other.encode(), stored_user(config, other, 3))
+    at = TS + 90 * MIN
+    status, body, _ = await get(http, f"{a.url}/v1/users/{known}?at={at}")
+    assert status == 200 and body["known"] and body["as_of"] == state.clock
+    assert body["intents"]["upgrade"]["p"] == predict(state, "upgrade", at).p
+    status, body, _ = await get(http, f"{b.url}/v1/users/{unknown}?at={at}")
+    assert status == 200 and body["known"] is False
+    assert b.node.gets == 2 and b.api.reads == {"table": 2}
+    async with http.get(f"{b.url}/metrics") as response:
+        text = await response.text()
+    assert 'oracular_lookup_reads_total{source="table"} 2' in text
+    assert 'oracular_lookup_reads_total{source="cache"} 0' in text
+
+
+async def test_standby_and_settling_reads_never_use_the_cache(pair, http, config) -> None:
+    """The cache holds the partitions this worker applies: a standby copy, or an active one
+    being rebalanced or restored (read with ?stale=true), is read from the table. (Here the
+    cache holds another state than the table, to tell which one answered.)"""
+    a, b = pair
+    _, cache_b = cached_pair(a, b)
+    user = user_on(2)
+    state = store(b, config, user, some_events(user))
+    cache_b.put(user.encode(), StoredUser(create_state(config), 2, 7))
+    b.node.local[2] = "standby"
+    b.node.owners[2] = a.url  # a rebalance moved partition 2; B keeps a standby copy
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}?stale=true")
+    assert status == 200 and body["served_by"]["role"] == "standby"
+    assert body["as_of"] == state.clock and body["position"]["offset"] == 41
+    b.node.local[2], b.node.owners[2], b.node.settling = "active", b.url, True
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}?stale=true")
+    assert status == 200 and body["served_by"]["role"] == "active"
+    assert body["as_of"] == state.clock and body["position"]["offset"] == 41
+    async with http.post(f"{b.url}/v1/lookup", json={"users": [user], "stale": True}) as r:
+        assert (await r.json())["results"][0]["position"]["offset"] == 41
+    assert b.node.gets == 3 and b.api.reads == {"table": 3}
+    b.node.settling = False  # settled: the cache answers
+    status, body, _ = await get(http, f"{b.url}/v1/users/{user}")
+    assert status == 200 and body["position"]["offset"] == 7
+    assert b.node.gets == 3 and b.api.reads == {"table": 3, "cache": 1}
+
+
+# --- a batch all owned by one other worker is passed on as the owner encoded it ------------
+
+
+async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
+    pair, http, config, monkeypatch
+) -> None:
+    """Through A, a batch of B's users gets B's answer byte for byte (A does not decode and
+    encode it again), with the same counts in A's metrics as when A decoded it."""
+    a, b = pair
+    decoded_by_api = []
+
+    def loads(raw: Any) -> Any:
+        decoded_by_api.append(len(raw))
+        return json.loads(raw)
+
+    monkeypatch.setattr(api_module, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    users = [user_on(2 + n % 2, f"whole-{n}") for n in range(40)]
+    for user in users[::2]:
+        store(b, config, user, some_events(user))
+    body = {"users": [*users[:-1], {"user": users[-1], "intents": ["churn"]}], "at": TS + MIN}
+    answers = []
+    for worker in (b, a):
+        async with http.post(f"{worker.url}/v1/lookup", json=body) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+            answers.append(await response.read())
+    assert answers[0] == answers[1]
+    decoded = json.loads(answers[1])
+    assert [r["user"] for r in decoded["results"]] == users
+    assert decoded["counts"] == {"unknown": 20, "found": 20}
+    assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "found"))] == 20
+    assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "unknown"))] == 20
+    assert dict(a.api.metrics.forwards) == {(("outcome", "200"),): 1}
+    assert decoded_by_api == []  # B's answer passed on undecoded
+    mixed = {"users": [users[0], user_on(0, "mine")], "at": TS + MIN}
+    async with http.post(f"{a.url}/v1/lookup", json=mixed) as response:
+        assert response.status == 200
+        assert [r["user"] for r in (await response.json())["results"]] == mixed["users"]
+    assert len(decoded_by_api) == 1  # not all on B: B's part decoded and merged
+
+
+def test_batch_counts_reads_only_a_head_that_adds_up() -> None:
+    results = [{"user": "u", "status": "found"}, {"user": "v", "status": "unknown"}]
+    counts = {"found": 1, "unknown": 1}
+    encoded = json.dumps(batch_body(77, counts, results), separators=(",", ":")).encode()
+    assert batch_counts(encoded, 77, 2) == counts
+    assert batch_counts(encoded, 78, 2) is None  # another time
+    assert batch_counts(encoded, 77, 3) is None  # not every user answered
+    reordered = {"counts": counts, "at": 77, "results": results}
+    assert batch_counts(json.dumps(reordered, separators=(",", ":")).encode(), 77, 2) is None
+    spaced = json.dumps(batch_body(77, counts, results)).encode()  # `"at": 77`
+    assert batch_counts(spaced, 77, 2) is None
+    assert (
+        batch_counts(b'{"at":77,"counts":{"found":1,"unknown":true},"results":[]}', 77, 2) is None
+    )
+    assert batch_counts(b'{"at":77,"counts":{"found":2}, "results":[]}', 77, 2) is None
+    assert batch_counts(b'{"at":77,"counts":{"found":2,', 77, 2) is None
+    assert batch_counts(b"<html>", 77, 2) is None
+
+
+async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None:
+    """An owner whose batch answer has another key order (another version, say): A decodes
+    it and answers in its own shape."""
+    owner = web.Application()
+    seen = []
+
+    async def lookup(request: web.Request) -> web.Response:
+        asked = await request.json()
+        seen.append(asked)
+        results = [{"user": u["user"], "status": "found", "p": 0.5} for u in asked["users"]]
+        return web.json_response(
+            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]}
+        )
+
+    owner.router.add_post("/v1/lookup", lookup)
+    owner_server = TestServer(owner, host="127.0.0.1")
+    await owner_server.start_server()
+    worker = await start_worker(config)
+    try:
+        worker.node.owners = dict.fromkeys(range(PARTITIONS), str(owner_server.make_url("")))
+        async with http.post(f"{worker.url}/v1/lookup", json={"users": ["x", "y"], "at": 5}) as r:
+            assert r.status == 200
+            body = await r.json()
+        assert list(body) == ["at", "counts", "results"]
+        assert body["counts"] == {"found": 2} and [x["user"] for x in body["results"]] == ["x", "y"]
+        assert len(seen) == 1  # one forward, never a second one
+    finally:
+        await worker.server.close()
+        await owner_server.close()
+
+
+def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -> None:
+    """The state is read as of `at` once; only the intents asked for are predicted."""
+    from streams import serving
+    from streams.serving import UserRead, answer
+
+    user = "one-intent"
+    state = stored_user(config, user, 0).state
+    predicted: list[str] = []
+    real = serving._prediction
+
+    def spy(intent: Any, intent_config: Any, at: int) -> Any:
+        predicted.append(next(n for n, c in config.intents.items() if c is intent_config))
+        return real(intent, intent_config, at)
+
+    monkeypatch.setattr(serving, "_prediction", spy)
+    kwargs: dict[str, Any] = {"at": TS + 90 * MIN, "with_explain": False, "served_by": {}}
+    one = answer(UserRead(state, True, 0, 1), user, intents=["churn"], config_id="x", **kwargs)
+    assert predicted == ["churn"] and list(one["intents"]) == ["churn"]
+    every = answer(UserRead(state, True, 0, 1), user, intents=None, config_id="x", **kwargs)
+    assert predicted == ["churn", *config.intents]
+    assert one["intents"]["churn"] == every["intents"]["churn"]
+    assert one["intents"]["churn"]["p"] == predict(state, "churn", TS + 90 * MIN).p
+
+
+async def test_a_batch_yields_the_loop_by_time_not_by_count(
+    pair, http, config, monkeypatch
+) -> None:
+    """A batch gives the API's loop back after YIELD_AFTER_S of answering: never within a
+    short batch, after every user when that time is 0."""
+    a, _ = pair
+    yields = []
+
+    async def counted() -> None:
+        yields.append(1)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(api_module, "_yield", counted)
+    users = [user_on(n % 2, f"mine-{n}") for n in range(50)]  # all on A
+    for limit, expected in ((60.0, 0), (0.0, len(users))):
+        yields.clear()
+        monkeypatch.setattr(api_module, "YIELD_AFTER_S", limit)
+        async with http.post(f"{a.url}/v1/lookup", json={"users": users}) as response:
+            assert response.status == 200
+            assert (await response.json())["counts"] == {"unknown": len(users)}
+        assert len(yields) == expected
