@@ -34,6 +34,7 @@ from engine.predict import (
     explain,
     mark_revealed,
     predict,
+    predict_many,
     should_reveal,
 )
 from engine.replay import END_OF_TIME, Event, Replayer, ReplayResult, Step, apply_event, replay
@@ -98,6 +99,7 @@ __all__ = [
     "observe_transition",
     "parse_duration",
     "predict",
+    "predict_many",
     "replay",
     "serialize",
     "should_reveal",

@@ -13,6 +13,7 @@ from engine import (
     mark_revealed,
     observe,
     predict,
+    predict_many,
     should_reveal,
 )
 from engine.errors import InvalidTimeError
@@ -31,6 +32,16 @@ def test_quickstart_two_signals_a_minute_apart_give_p_0_433():
     decayed = 3 * 2 ** (-MINUTE / WEEK)  # the first event's 3 has decayed for one minute
     assert prediction.alpha == pytest.approx(1.5 + decayed + 2, rel=1e-12)
     assert prediction.beta == pytest.approx(8.5, rel=1e-12)
+
+
+def test_predict_many_gives_the_quickstart_pin_and_names_an_unknown_intent():
+    """The SPEC §4 pin through `predict_many`; an undeclared intent raises as in `predict`."""
+    state = create_state(config({"upgrade": QUICKSTART}))
+    state = observe(state, "pricing.viewed", T0)
+    state = observe(state, "limit.hit", T0 + MINUTE)
+    assert round(predict_many(state, T0 + MINUTE)["upgrade"].p, 3) == 0.433
+    with pytest.raises(UnknownIntentError, match="nope"):
+        predict_many(state, T0, ["upgrade", "nope"])
 
 
 def test_fresh_intent_sits_at_its_prior():

@@ -26,6 +26,7 @@ from engine import (
     episode_closed,
     explain,
     predict,
+    predict_many,
     replay,
     serialize,
     should_reveal,
@@ -111,6 +112,20 @@ def _read_all(state: EngineState, at: int) -> list[Any]:
 def _read_time(state: EngineState, step_at: int) -> int:
     """A time a read at `step_at` happens at: the state's clock if that is later."""
     return step_at if state.clock is None else max(state.clock, step_at)
+
+
+@given(case=cases(), data=st.data())
+def test_predict_many_is_predict_for_each_intent_asked(case, data):
+    """`predict_many` (one pass to `at` for all intents) answers what `predict` answers per
+    intent, at any read time, for every intent or a subset in any order."""
+    states = run(create_state(case.engine_config()), case.steps)
+    for step, state in zip(case.steps, states, strict=True):
+        at = _read_time(state, step_time(step)) + data.draw(st.integers(0, 10 * 86_400_000))
+        declared = list(state.config.intents)
+        assert predict_many(state, at) == {n: predict(state, n, at) for n in declared}
+        asked = data.draw(st.lists(st.sampled_from(declared), unique=True))
+        assert predict_many(state, at, asked) == {n: predict(state, n, at) for n in asked}
+        assert list(predict_many(state, at, asked)) == asked
 
 
 # --- determinism ---------------------------------------------------------------------------------

@@ -876,13 +876,14 @@ def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -
     user = "one-intent"
     state = stored_user(config, user, 0).state
     predicted: list[str] = []
-    real = serving._prediction
+    real = serving.predict_many
 
-    def spy(intent: Any, intent_config: Any, at: int) -> Any:
-        predicted.append(next(n for n, c in config.intents.items() if c is intent_config))
-        return real(intent, intent_config, at)
+    def spy(state: Any, at: int, intents: Any = None) -> Any:
+        found = real(state, at, intents)
+        predicted.extend(found)
+        return found
 
-    monkeypatch.setattr(serving, "_prediction", spy)
+    monkeypatch.setattr(serving, "predict_many", spy)
     kwargs: dict[str, Any] = {"at": TS + 90 * MIN, "with_explain": False, "served_by": {}}
     one = answer(UserRead(state, True, 0, 1), user, intents=["churn"], config_id="x", **kwargs)
     assert predicted == ["churn"] and list(one["intents"]) == ["churn"]
