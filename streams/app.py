@@ -42,6 +42,8 @@ from streams.state_table import FaustTable, fence_stale_changelog_records
 log = logging.getLogger("oracular.worker")
 
 STATE_TABLE = "oracular-state"
+TIMER_CLOSES_PER_BATCH: Final = 500
+"""A batch of 500 timer closes takes about 0.1 s: the longest a mass close holds input up."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -119,6 +121,9 @@ def create_app(
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
         stop_offsets=None if backfill is None else backfill.stop,
         cache_users=settings.state_cache_users,
+        # A bounded run closes everything at its end; a live worker spreads a mass of due
+        # closes over ticks, so it never stalls for seconds on them.
+        timer_closes_per_batch=None if backfill is not None else TIMER_CLOSES_PER_BATCH,
     )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
     fence_stale_changelog_records(table, runtime.repair)

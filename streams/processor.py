@@ -219,6 +219,8 @@ class Batch:
     slots: dict[bytes, _Slot] = field(default_factory=dict)
     outputs: list[Output] = field(default_factory=list)
     cache: StateCache | None = None
+    timer_closes_left: int | None = None
+    """How many more episodes the timer may close in this batch (None: no limit)."""
 
     def slot(self, key: bytes, message: InMessage) -> _Slot:
         """The user's state for this batch, from the cache or read from the table (a new
@@ -271,6 +273,7 @@ class Processor:
         output_format: Format = "msgpack",
         stop_offsets: Mapping[int, int] | None = None,
         cache_users: int = 0,
+        timer_closes_per_batch: int | None = None,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown."""
         self.config = config
@@ -294,13 +297,24 @@ class Processor:
         """Partition -> users to write again on its next batch (see `rebuild`)."""
         self.cache = StateCache(cache_users)
         """Decoded users between batches (see `batch` and `remember`)."""
+        self.timer_closes_per_batch = timer_closes_per_batch
+        """Most episodes the timer closes in one batch (None: every due one). When a
+        partition's watermark jumps (live input after a backlog of old events), thousands of
+        episodes fall due at once; closing them all in one batch stalled the worker for
+        seconds. The rest stay due and close on the next ticks, at the same deadlines, so the
+        outputs do not change, only when they are published."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
 
     def batch(self, table: Table) -> Batch:
         """A new batch over `table` that reads through the cache."""
-        return Batch(table, self.config, cache=self.cache if self.cache.limit > 0 else None)
+        return Batch(
+            table,
+            self.config,
+            cache=self.cache if self.cache.limit > 0 else None,
+            timer_closes_left=self.timer_closes_per_batch,
+        )
 
     def remember(self, batch: Batch) -> None:
         """Cache the batch's users: call once its states are stored and acknowledged."""
@@ -570,6 +584,8 @@ class Processor:
         live = self.open.get(partition, {})
         closed = 0
         while heap and heap[0][0] < watermark:
+            if batch.timer_closes_left is not None and closed >= batch.timer_closes_left:
+                break  # the rest close on the next ticks (see `timer_closes_per_batch`)
             deadline, key = heapq.heappop(heap)
             if live.get(key) != deadline:
                 continue  # stale: a later event moved the deadline; its own entry is in the heap
@@ -602,6 +618,8 @@ class Processor:
             self.counts[EPISODES] += 1
             batch.outputs.append(output)
             closed += 1
+        if batch.timer_closes_left is not None:
+            batch.timer_closes_left -= closed
         return closed
 
     def dead_letter(self, batch: Batch, message: InMessage, error: str) -> None:

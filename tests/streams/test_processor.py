@@ -216,6 +216,38 @@ def test_tick_closes_due_episodes_at_last_event_plus_timeout(config):
     assert processor.counts["closed_by_timer"] == 1
 
 
+def _run_capped(processor, table, messages, *, caught_up=True, wall=WALL):
+    """`_run` through `processor.batch`, which carries the processor's timer-close limit."""
+    batch = processor.batch(table)
+    processor.run_batch(batch, messages, lambda p: caught_up, lambda: wall)
+    for key, value, context in batch.writes():
+        table.set(key, value, context)
+    return [(o.role, o.key, o.value) for o in batch.outputs]
+
+
+def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
+    """Limited to 2 timer closes a batch, 5 due episodes close over three ticks, each at its
+    own deadline: the same records, byte for byte, as one unlimited tick publishes."""
+    events = [
+        _message(i, {"id": f"e{i}", "user": f"u{i}", "name": "pricing.viewed", "ts": TS + i})
+        for i in range(5)
+    ]
+    late = TS + 30 * MIN + 10 * MIN
+    policy = TimePolicy(lateness_ms=10_000, idle_ms=0)
+    capped = Processor(
+        config, events_topic=EVENTS, ticks_topic=TICKS, time=policy, timer_closes_per_batch=2
+    )
+    whole = Processor(config, events_topic=EVENTS, ticks_topic=TICKS, time=policy)
+    capped_table, whole_table = DictTable(), DictTable()
+    _run_capped(capped, capped_table, events, caught_up=False, wall=TS)
+    _run_capped(whole, whole_table, events, caught_up=False, wall=TS)
+    per_tick = [_run_capped(capped, capped_table, [_tick(sent_at=late + n)]) for n in range(4)]
+    assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
+    [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
+    assert sorted(o for outputs in per_tick for o in outputs) == sorted(once)
+    assert capped.counts["closed_by_timer"] == whole.counts["closed_by_timer"] == 5
+
+
 def test_timer_close_then_event_equals_the_lazy_close(config):
     """Closing by tick, then the next event, stores what observe's lazy close stores."""
     events = [
