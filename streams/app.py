@@ -5,7 +5,7 @@ Run it with `oracular worker --config FILE` (or `faust -A streams.app worker`, r
 
 The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
 `streams.processor.Processor` decide everything, then:
-1. publishes the batch's outputs and waits until the broker has them (`producer.flush`);
+1. publishes the batch's outputs and waits until the broker has them all;
 2. writes each changed user's state once (one changelog record per user per batch);
 3. acks the batch's messages, so their offsets may be committed.
 In that order, a stored state that records an input as applied implies its outputs were
@@ -17,7 +17,6 @@ committed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Final
@@ -36,6 +35,7 @@ from streams.gapfill import GapFiller, fill_holes
 from streams.memory import GcPolicy
 from streams.positions import Positions
 from streams.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
+from streams.sending import send_all
 from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
 from streams.state_table import FaustTable, fence_stale_changelog_records
 
@@ -219,16 +219,12 @@ class _Runtime:
         clock.lap("apply")
         if not await fence.may_write(generation):
             return fence.drop(generation, events)
-        # Straight to the producer: Faust's Topic.send costs ~16% of the worker's throughput
-        # (BENCHMARKS.md). The states are written only once every output is acknowledged,
-        # so a failed delivery raises here, before any state records the inputs as applied.
-        producer = self.app.producer
-        sent = [
-            await producer.send(self.output_names[o.role], o.key, o.value, None, None, None)
-            for o in batch.outputs
-        ]
-        await producer.flush()
-        await asyncio.gather(*sent)
+        # Straight to the producer, in record batches (streams/sending.py). The states are
+        # written only once every output is acknowledged, so a failed delivery raises here,
+        # before any state records the inputs as applied.
+        producer = faust_patches.kafka_producer(self.app)
+        names = self.output_names
+        await send_all(producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs])
         clock.lap("outputs")
         self.faults.reached("outputs")
         if not await fence.may_write(generation):
@@ -269,10 +265,26 @@ class _Runtime:
         self.memory.tick()
         if app.rebalancing or getattr(app, "in_recovery", False):
             return
+        if self.backfill is not None:
+            await self._check_deleted_input()
         now = _wall_ms()
         for tp in app.consumer.assignment():
             if tp.topic == self.settings.topics.ticks.name:
                 await ticks.send(value=encode_tick(now), partition=tp.partition)
+
+    async def _check_deleted_input(self) -> None:
+        """A backfill whose remaining input the broker deleted (retention) would wait for it
+        forever: ask for the log starts of the partitions still behind."""
+        assert self.backfill is not None
+        behind = self.backfill.behind(self.processor.next_offset)
+        owned = {tp.partition for tp in self.app.consumer.assignment()}
+        tps = [TP(self.events_topic, p) for p in behind if p in owned]
+        if tps:
+            starts = await self.app.consumer.earliest_offsets(*tps)
+            self.backfill.note_log_starts(
+                {tp.partition: offset for tp, offset in starts.items() if offset is not None},
+                self.processor.next_offset,
+            )
 
     def repair(self, partition: int, key: bytes) -> None:
         """After recovery, write `key` again: the changelog's last record of it is stale."""

@@ -12,6 +12,7 @@ derive from the events, so running the same backfill twice gives identical ids.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from streams.admin import BrokerError, quiet_aiokafka
 from streams.processor import InMessage
 from streams.progress import Progress
 from streams.reset import plan_reset
+
+log = logging.getLogger("oracular.worker")
 
 
 @dataclass
@@ -44,11 +47,42 @@ class Backfill:
     """`done()` was called."""
     progress: Progress | None = None
     """Advanced with the messages handled so far (of stop − start)."""
+    deleted: dict[int, int] = field(default_factory=dict)
+    """Partition -> its log start, where the broker deleted the input up to the stop offset
+    before it was read (retention): nothing is left there to handle."""
 
     def caught_up(self, partition: int, next_offset: Mapping[int, int]) -> bool:
-        """True when `partition` is handled up to its stop offset."""
+        """True when `partition` is handled up to its stop offset, or what is left of it was
+        deleted by the broker."""
         reached = next_offset.get(partition, self.start.get(partition, 0))
-        return reached >= self.stop.get(partition, 0)
+        stop = self.stop.get(partition, 0)
+        return reached >= stop or self.deleted.get(partition, -1) >= stop
+
+    def behind(self, next_offset: Mapping[int, int]) -> list[int]:
+        """The partitions not yet handled up to their stop offsets."""
+        return [p for p in sorted(self.stop) if not self.caught_up(p, next_offset)]
+
+    def note_log_starts(self, log_start: Mapping[int, int], next_offset: Mapping[int, int]) -> None:
+        """Given the log start offsets of partitions still behind: a partition whose input up
+        to its stop offset is gone from the broker ends here, with a warning (the backfill's
+        results miss those events)."""
+        for partition, first in log_start.items():
+            stop = self.stop.get(partition, 0)
+            if (
+                first >= stop
+                and partition not in self.deleted
+                and not self.caught_up(partition, next_offset)
+            ):
+                self.deleted[partition] = first
+                reached = next_offset.get(partition, self.start.get(partition, 0))
+                log.warning(
+                    "input partition %s: offsets %s..%s were deleted by the broker (retention) "
+                    "before the backfill read them; the backfill ends the partition without "
+                    "them. Keep the input topic's history (retention.ms=-1) to backfill it",
+                    partition,
+                    reached,
+                    stop - 1,
+                )
 
     def advance(
         self, messages: Iterable[InMessage], next_offset: Mapping[int, int], ticks_topic: str

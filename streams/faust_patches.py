@@ -642,6 +642,23 @@ def store_put_all(table: Any, partition: int, items: list[tuple[bytes, bytes]]) 
     table.data._db_for_partition(partition).write(batch)
 
 
+def kafka_producer(app: Any) -> Any:
+    """The aiokafka producer under `app`'s Faust producer (started with the app)."""
+    return app.producer._ensure_producer()
+
+
+async def key_partitioner(producer: Any, topic: str) -> Callable[[bytes | None], int]:
+    """`key -> partition` of `topic` as the aiokafka `producer.send` picks it (the producer's
+    partitioner over the topic's partitions), with the topic's metadata fetched first."""
+    await producer.client._wait_on_metadata(topic)
+
+    def choose(key: bytes | None) -> int:
+        partition: int = producer._partition(topic, None, None, None, key, None)
+        return partition
+
+    return choose
+
+
 def set_persisted_offset(table: Any, tp: TP, offset: int) -> None:
     """Record that `table`'s local store holds its changelog partition `tp` up to `offset`
     (a restart with the datadir kept reads the changelog from there)."""

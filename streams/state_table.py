@@ -10,7 +10,6 @@ had lost its partitions can never move a user back.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from faust.types import TP
 from schemas.stored import stored_version
 from streams import faust_patches
 from streams.processor import Table
+from streams.sending import send_all
 
 log = logging.getLogger("oracular.worker")
 
@@ -77,25 +77,19 @@ class FaustTable(Table):
     ) -> None:
         """Send the changelog records of values just stored and wait for the broker.
 
-        The records go straight to the producer (Faust's per-record `send_soon` path and its
-        per-record callback cost more than the rest of a batch), then each partition's last
-        changelog offset is stored once, as Faust's callback would store it per record: a
-        restart with the datadir kept reads the changelog from there. Raises what a failed
-        delivery raises.
+        The records go straight to the aiokafka producer in record batches
+        (`streams.sending.send_all`; Faust's per-record `send_soon` path and its per-record
+        callback cost more than the rest of a batch), then each partition's last changelog
+        offset is stored once, as Faust's callback would store it per record: a restart with
+        the datadir kept reads the changelog from there. Raises what a failed delivery raises.
         """
         topic = self.changelog_topic
-        futures = []
-        for key, value, context in writes:
-            before_sending()  # a send may yield to the loop: check before each one
-            futures.append(
-                await producer.send(topic, key, value, context.message.partition, None, None)
-            )
-        before_sending()  # queued, not yet flushed
-        await producer.flush()
-        last: dict[int, int] = {}
-        for metadata in await asyncio.gather(*futures):
-            last[metadata.partition] = max(last.get(metadata.partition, -1), metadata.offset)
-        for partition, offset in last.items():
+        last = await send_all(
+            producer,
+            [(topic, context.message.partition, key, value) for key, value, context in writes],
+            before_sending,
+        )
+        for (_, partition), offset in last.items():
             faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 
     def restore_in_full(self, partitions: list[int]) -> None:

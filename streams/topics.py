@@ -99,7 +99,10 @@ def declare_topics(
         return TopicSpec(names.get(role) or f"{prefix}.{suffix}", partitions, config or {})
 
     return ProductTopics(
-        events=spec("events", "events"),
+        # The input is the event log replays and backfills read from the start, and its
+        # records carry their event times (`oracular produce` stamps them), so time-based
+        # retention (the broker's default 7 days) would delete any older history at once.
+        events=spec("events", "events", {"retention.ms": "-1"}),
         # A tick only matters while fresh: the timer sends new ones, so keep an hour at most.
         ticks=spec("ticks", "ticks", {"retention.ms": str(60 * 60 * 1000)}),
         predictions=spec("predictions", "predictions"),

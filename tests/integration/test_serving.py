@@ -495,6 +495,9 @@ async def test_lookups_from_the_cache_equal_lookups_from_the_table(
                 assert status == 200, (user, body)
                 problems += answer_problems(body, state, at)
                 del body["served_by"]  # the restarted worker serves on another port
+                # The timer may close an idle episode between the runs, which moves the
+                # user's clock (`as_of`) to the close; the answer at `at` is the same.
+                del body["as_of"]
                 bodies[user] = body
             assert not problems, f"{len(problems)} differences, e.g.:\n" + "\n".join(problems[:10])
             answers.append(bodies)

@@ -18,7 +18,7 @@ def test_defaults() -> None:
         ("oracular.events.dlq", 8),
     ]
     assert dict(topics.ticks.config) == {"retention.ms": "3600000"}
-    assert dict(topics.events.config) == {}
+    assert dict(topics.events.config) == {"retention.ms": "-1"}  # the event log is kept
 
 
 def test_prefix_per_topic_names_and_partitions_come_from_the_environment() -> None:

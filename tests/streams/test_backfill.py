@@ -1,0 +1,56 @@
+"""`Backfill`: when a bounded run is over, including input the broker deleted under it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from streams.backfill import Backfill
+from streams.processor import InMessage
+
+EVENTS, TICKS = "oracular.events", "oracular.ticks"
+
+
+def _tick(partition: int) -> InMessage:
+    return InMessage(TICKS, partition, 0, None, b"", None)
+
+
+def _backfill() -> tuple[Backfill, list[str]]:
+    ended: list[str] = []
+    run = Backfill(start={0: 0, 1: 0}, stop={0: 100, 1: 50}, done=lambda: ended.append("done"))
+    return run, ended
+
+
+def test_a_backfill_ends_once_every_partition_is_handled_and_had_a_tick():
+    run, ended = _backfill()
+    handled = {0: 100, 1: 20}
+    run.advance([_tick(0), _tick(1)], handled, TICKS)
+    assert ended == [] and run.behind(handled) == [1]
+    handled[1] = 50
+    run.advance([_tick(1)], handled, TICKS)
+    assert ended == ["done"] and run.behind(handled) == []
+
+
+def test_input_deleted_up_to_the_stop_ends_its_partition_with_a_warning(caplog):
+    """Retention deleted partition 1 from offset 20 on, up to past its stop (50): nothing is
+    left to deliver there, so the run ends instead of waiting forever, and says so."""
+    run, ended = _backfill()
+    handled = {0: 100, 1: 20}
+    with caplog.at_level(logging.WARNING, logger="oracular.worker"):
+        run.note_log_starts({1: 57}, handled)
+    assert run.behind(handled) == [] and run.caught_up(1, handled)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "offsets 20..49 were deleted by the broker" in warning
+    run.advance([_tick(0), _tick(1)], handled, TICKS)
+    assert ended == ["done"]
+
+
+@pytest.mark.parametrize("log_start", [0, 20, 49])
+def test_input_still_there_below_the_stop_is_waited_for(log_start, caplog):
+    """A log start below the stop leaves records to deliver: the partition stays behind."""
+    run, ended = _backfill()
+    handled = {0: 100, 1: 20}
+    run.note_log_starts({1: log_start}, handled)
+    run.advance([_tick(0), _tick(1)], handled, TICKS)
+    assert ended == [] and run.behind(handled) == [1] and not caplog.records

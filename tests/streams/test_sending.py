@@ -1,0 +1,112 @@
+"""`streams.sending.send_all`: record batches per partition, in order, last offsets."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+
+from streams import faust_patches
+from streams.sending import send_all
+
+
+class FakeBatch:
+    """A record batch holding at most `room` records (the first always fits)."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.records = room, []
+
+    def append(self, *, key: Any, value: Any, timestamp: Any) -> Any:
+        assert timestamp is None  # the producer stamps the send time
+        if self.records and len(self.records) >= self.room:
+            return None
+        self.records.append((key, value))
+        return SimpleNamespace()
+
+
+class FakeProducer:
+    """Keeps each partition's log; a batch's future gives its base offset."""
+
+    def __init__(self, room: int = 3, fail: bool = False) -> None:
+        self.room, self.fail = room, fail
+        self.logs: dict[tuple[str, int], list[Any]] = {}
+        self.batches: list[tuple[str, int, int]] = []
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch(self.room)
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:
+        log = self.logs.setdefault((topic, partition), [])
+        future = asyncio.get_running_loop().create_future()
+        if self.fail:
+            future.set_exception(RuntimeError("not delivered"))
+        else:
+            future.set_result(SimpleNamespace(offset=len(log)))
+        log.extend(batch.records)
+        self.batches.append((topic, partition, len(batch.records)))
+        return future
+
+
+async def test_records_go_per_partition_in_order_and_full_batches_are_split():
+    producer = FakeProducer(room=3)
+    records = [("t", i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(9)]
+    checks: list[int] = []
+    last = await send_all(producer, records, lambda: checks.append(len(producer.batches)))
+    assert producer.logs[("t", 0)] == [
+        (f"k{i}".encode(), f"v{i}".encode()) for i in (0, 2, 4, 6, 8)
+    ]
+    assert producer.logs[("t", 1)] == [(f"k{i}".encode(), f"v{i}".encode()) for i in (1, 3, 5, 7)]
+    assert producer.batches == [("t", 0, 3), ("t", 0, 2), ("t", 1, 3), ("t", 1, 1)]
+    assert checks == [0, 1, 2, 3]  # checked before each batch is handed over
+    assert last == {("t", 0): 4, ("t", 1): 3}
+
+
+async def test_keys_without_a_partition_go_where_the_partitioner_puts_them(monkeypatch):
+    producer = FakeProducer()
+
+    async def partitioner(_: Any, topic: str) -> Any:
+        assert topic == "out"
+        return lambda key: len(key) % 3
+
+    monkeypatch.setattr(faust_patches, "key_partitioner", partitioner)
+    await send_all(producer, [("out", None, b"a", b"1"), ("out", None, b"bb", b"2")])
+    assert producer.logs == {("out", 1): [(b"a", b"1")], ("out", 2): [(b"bb", b"2")]}
+
+
+async def test_a_failed_delivery_raises():
+    with pytest.raises(RuntimeError, match="not delivered"):
+        await send_all(FakeProducer(fail=True), [("t", 0, b"k", b"v")])
+
+
+async def test_nothing_to_send_sends_nothing():
+    producer = FakeProducer()
+    assert await send_all(producer, []) == {} and producer.batches == []
+
+
+async def test_the_key_partitioner_is_the_one_producer_send_uses():
+    """`key_partitioner` picks, for every key, the partition aiokafka's `send` would: its
+    default partitioner (murmur2 of the key, as Kafka's Java clients) over the topic's
+    partitions."""
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
+    try:
+        eight = set(range(8))
+        producer._metadata = SimpleNamespace(
+            partitions_for_topic=lambda topic: eight if topic == "out" else None,
+            available_partitions_for_topic=lambda topic: eight,
+        )
+
+        async def known(topic: str) -> None:
+            return None
+
+        producer.client._wait_on_metadata = known
+        choose = await faust_patches.key_partitioner(producer, "out")
+        default = DefaultPartitioner()
+        keys = [f"user-{i}".encode() for i in range(200)]
+        assert [choose(k) for k in keys] == [default(k, sorted(eight), sorted(eight)) for k in keys]
+        assert {choose(k) for k in keys} == eight
+    finally:
+        await producer.stop()
