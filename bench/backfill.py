@@ -15,13 +15,16 @@ Command (the figures in BENCHMARKS.md): `python -m bench.backfill` (1,000,000 ev
    timestamps the event times. The product's producer, not bench/topics.py `preload`: for
    100,000 events (measured once, 2026-12-01) `oracular produce` took 4.9 s from process start
    to exit, `preload` 3.2 s, not enough to leave the product's path. Not in the table.
-4. `oracular backfill --config examples/oracular.yaml` over that topic, a fresh app id and
+4. `oracular replay FILE --config examples/oracular.yaml --out OUT.jsonl`: its own rate
+   (handled events over read + engine + writing the JSON lines) and the wall time. First, so
+   its figures come even if the backfill fails.
+5. `oracular backfill --config examples/oracular.yaml` over that topic, a fresh app id and
    datadir: its own rate (handled input messages over the time from after it captured the
    topic's range to the end of the Faust worker, so Faust's start and stop are inside) and the
    bench's wall time (process start to exit). `oracular backfill` has no `--processes` (only
-   `oracular worker` has), so there is no scale-out row.
-5. `oracular replay FILE --config examples/oracular.yaml --out OUT.jsonl`: its own rate
-   (handled events over read + engine + writing the JSON lines) and the wall time.
+   `oracular worker` has), so there is no scale-out row. A watchdog reads the backfill's
+   committed input offsets every POLL_S; when they stay put for `--stall-s` (120 s) it stops
+   the backfill with SIGTERM (it then prints its summary, "INTERRUPTED") and reports STALLED.
 6. The counts are checked against each other: applied events (backfill summary, replay
    summary, EVENTS), predictions and episodes (backfill summary, records on its output
    topics, replay summary, lines of its output file, `engine.Replayer`). Any mismatch is
@@ -49,6 +52,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aiokafka.admin import AIOKafkaAdminClient
+
 from bench.machine import code_version, kafka_version, machine, pytest_processes
 from bench.synthetic import clickstream
 from bench.topics import create_topics, end_offsets
@@ -64,6 +69,8 @@ from streams.topics import product_topics
 SEED = 11
 PRODUCE_TIMEOUT_S = 1800.0
 RUN_TIMEOUT_S = 3600.0  # backfill or replay of a million events: minutes on 2 busy cores
+POLL_S = 10.0
+"""How often the backfill's committed input offsets are read (the stall watchdog)."""
 
 BACKFILL_LINE = re.compile(
     r"^backfill (\S+) (complete|INTERRUPTED before the end): (.*) in ([\d.]+) s "
@@ -102,6 +109,8 @@ class Run:
     load_before: str = ""
     load_after: str = ""
     note: str = ""
+    stalled: str = ""
+    """Why the bench stopped the command (it made no progress), or ""."""
 
 
 def write_events(path: Path, config: Any, events: int, users: int) -> Replayer:
@@ -160,21 +169,83 @@ async def produce(path: Path, env: dict[str, str], logs: Path, topic: str, event
     return wall
 
 
-async def backfill(env: dict[str, str], logs: Path, topics: Any) -> tuple[Run, int | None]:
-    """`oracular backfill`: its figures and its final watermark (the minimum over partitions)."""
+async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The consumer group's committed offsets on `topic`, by partition."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+
+async def watch(
+    process: LoggedProcess, bootstrap: str, group: str, topic: str, stall_s: float
+) -> str:
+    """While `process` runs, read its group's committed input offsets every POLL_S; when
+    they have not moved for `stall_s`, stop it (SIGTERM: the backfill prints its summary)
+    and say where each partition stood."""
+    last: dict[int, int] = {}
+    moved = time.monotonic()
+    while process.running:
+        await asyncio.sleep(POLL_S)
+        try:
+            now = await committed(bootstrap, group, topic)
+        except Exception as exc:  # the group may not exist yet; the broker is busy
+            say(f"could not read {group}'s offsets: {exc!r}")
+            continue
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall_s and process.running:
+            total = await end_offsets(bootstrap, topic)
+            if sum(last.values()) >= total:
+                continue  # all input committed: the backfill waits for its last ticks
+            where = (
+                f"{sum(last.values()):,} of {total:,} committed ("
+                + ", ".join(f"p{p} {last[p]:,}" for p in sorted(last))
+                + ")"
+            )
+            say(f"STALLED: no input offset committed for {stall_s:.0f} s, {where}; stopping it")
+            await asyncio.to_thread(process.stop)
+            return f"no input committed for {stall_s:.0f} s, stopped by the bench at {where}"
+    return ""
+
+
+async def backfill(
+    env: dict[str, str], logs: Path, topics: Any, args: argparse.Namespace
+) -> tuple[Run, int | None]:
+    """`oracular backfill`: its figures and its final watermark (the minimum over partitions).
+    Stopped, and marked `stalled`, when its committed input offsets stop moving."""
     app_id = f"{env['ORACULAR_TOPIC_PREFIX']}-backfill"
-    args = ["backfill", "--config", str(CONFIG), "--app-id", app_id]
-    run = Run("oracular backfill", "oracular " + " ".join(args).replace(str(ROOT) + "/", ""))
+    args_ = ["backfill", "--config", str(CONFIG), "--app-id", app_id]
+    if args.backfill_loglevel:
+        args_ += ["--loglevel", args.backfill_loglevel]
+    run = Run("oracular backfill", "oracular " + " ".join(args_).replace(str(ROOT) + "/", ""))
     run.load_before = load()
-    code, run.wall_s, log = await timed(cli("backfill", args, env, logs), RUN_TIMEOUT_S)
+    process = cli("backfill", args_, env, logs)
+    watchdog = None
+    try:
+        started = time.monotonic()
+        process.start()
+        bootstrap = env["ORACULAR_BROKER"]
+        watchdog = asyncio.create_task(
+            watch(process, bootstrap, app_id, topics.events.name, args.stall_s)
+        )
+        code = await process.wait_exit_async(RUN_TIMEOUT_S)
+        run.wall_s = time.monotonic() - started
+        run.stalled = await watchdog
+    finally:
+        if watchdog is not None and not watchdog.done():
+            watchdog.cancel()
+    log = process.log_text(current_run_only=True)
     run.load_after = load()
     found = BACKFILL_LINE.search(log)
-    if code != 0 or found is None or found.group(2) != "complete":
+    if found is None or (code != 0 and not run.stalled):
         msg = f"oracular backfill exited {code}; log {logs / 'backfill.log'}:\n{log[-3000:]}"
         raise RuntimeError(msg)
     run.counts = pairs(found.group(3), "=")
     run.own_s, run.own_rate = float(found.group(4)), float(found.group(5).replace(",", ""))
-    bootstrap = env["ORACULAR_BROKER"]
     for role in ("predictions", "episodes", "dlq"):
         run.outputs[role] = await end_offsets(bootstrap, getattr(topics, role).name)
     marks = WATERMARK_LINE.search(log)
@@ -256,7 +327,8 @@ def section(args: argparse.Namespace, facts: dict[str, Any], runs: list[Run]) ->
     ]
     for run in runs:
         lines.append(
-            f"| `{run.command}` | {run.counts.get('applied', 0):,} | {run.wall_s:.1f} "
+            f"| `{run.command}`{' (STALLED, stopped)' if run.stalled else ''} "
+            f"| {run.counts.get('applied', 0):,} | {run.wall_s:.1f} "
             f"| {run.own_s:.1f} | {run.own_rate:,.0f} | {args.events / run.wall_s:,.0f} |"
         )
     lines += [
@@ -298,7 +370,7 @@ def table(runs: list[Run]) -> str:
     rows = [f"{'command':<20} {'events':>10} {'wall s':>8} {'own s':>8} {'events/s':>10}"]
     rows += [
         f"{r.label:<20} {r.counts.get('applied', 0):>10,} {r.wall_s:>8.1f} {r.own_s:>8.1f} "
-        f"{r.own_rate:>10,.0f}"
+        f"{r.own_rate:>10,.0f}" + ("  STALLED, stopped by the bench" if r.stalled else "")
         for r in runs
     ]
     return "\n".join(rows)
@@ -331,8 +403,13 @@ async def measure(
     facts["produce_s"] = await produce(path, env, logs, topics.events.name, args.events)
     say(f"produced in {facts['produce_s']:.1f} s; load {load()}")
 
+    # Replay first: its figures come even if the backfill then stalls.
+    say("oracular replay")
+    run_replay = await replay(path, env, logs, base / "replay.jsonl")
+    say(f"replay: {run_replay}")
+
     say("oracular backfill")
-    run_backfill, watermark = await backfill(env, logs, topics)
+    run_backfill, watermark = await backfill(env, logs, topics, args)
     say(f"backfill: {run_backfill}")
     until = watermark if watermark is not None else END_OF_TIME
     expected["episodes"] = expected["episodes by events"] + sum(
@@ -341,13 +418,11 @@ async def measure(
     # What `oracular replay` without --until closes on top (its default: the end of time).
     later = sum(1 for _ in replayer.close_due(END_OF_TIME))
     del replayer
-
-    say("oracular replay")
-    run_replay = await replay(path, env, logs, base / "replay.jsonl")
-    say(f"replay: {run_replay}")
     runs = [run_backfill, run_replay]
 
     problems = compare(expected, runs)
+    if run_backfill.stalled:
+        problems.insert(0, f"oracular backfill STALLED: {run_backfill.stalled}")
     if later:
         problems.append(
             f"{later:,} episodes are due only after the backfill's final watermark "
@@ -404,6 +479,15 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--notes", help="also write the markdown section to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data)")
+    parser.add_argument(
+        "--stall-s",
+        type=float,
+        default=120.0,
+        help="stop the backfill when its committed input offsets stay put this long",
+    )
+    parser.add_argument(
+        "--backfill-loglevel", help="pass --loglevel to the backfill (diagnosis; default its own)"
+    )
     return asyncio.run(main_async(parser.parse_args()))
 
 
