@@ -4,7 +4,10 @@ Command (the figures in BENCHMARKS.md): `python -m bench.backfill` (1,000,000 ev
 `--events 20000` for a quick look. There is no make target: the Makefile has only `make bench`.
 
 1. A broker on free ports in a temp dir (`infra.broker.start_broker`, as bench/lookup.py), or
-   `--broker`; the product topics under a new prefix, 8 partitions (bench/topics.py).
+   `--broker`; the product topics under a new prefix, 8 partitions (bench/topics.py), the
+   input with `retention.ms=-1`: `oracular produce` stamps records with their event times
+   (2026-01-01 here), and under the default 7-day retention the broker deleted the whole input
+   at its first retention check, 5 minutes after it started, in the middle of the backfill.
 2. EVENTS synthetic events over USERS users (bench/synthetic.py `clickstream`, seed 11),
    written as a msgpack stream (one `schemas.events.encode_event` map per event), the format
    `oracular produce` and `oracular replay` both read. `engine.Replayer` fed the same events
@@ -64,11 +67,14 @@ from infra.processes import LoggedProcess
 from schemas.config import load_config
 from schemas.events import encode_event
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
-from streams.topics import product_topics
+from streams.admin import ensure_topics_async
+from streams.topics import TopicSpec, product_topics
 
 SEED = 11
 PRODUCE_TIMEOUT_S = 1800.0
 RUN_TIMEOUT_S = 3600.0  # backfill or replay of a million events: minutes on 2 busy cores
+KEEP_INPUT = {"retention.ms": "-1"}
+"""The input topic's configs on top of the product's (see `measure`)."""
 POLL_S = 10.0
 """How often the backfill's committed input offsets are read (the stall watchdog)."""
 
@@ -81,6 +87,7 @@ WATERMARK_LINE = re.compile(r"^backfill final watermark: (\d+) \.\. (\d+)", re.M
 REPLAY_LINE = re.compile(
     r"^replay: (.*), users ([\d,]+) in ([\d.]+) s \(([\d,]+) events/s\)$", re.MULTILINE
 )
+OUT_OF_RANGE = re.compile(r"Fetch offset \d+ is out of range for partition")
 PRODUCE_LINE = re.compile(r"^produce: ([\d,]+) events to", re.MULTILINE)
 
 
@@ -248,12 +255,14 @@ async def backfill(
     run.own_s, run.own_rate = float(found.group(4)), float(found.group(5).replace(",", ""))
     for role in ("predictions", "episodes", "dlq"):
         run.outputs[role] = await end_offsets(bootstrap, getattr(topics, role).name)
+    if OUT_OF_RANGE.search(log):  # aiokafka logs it at info: seen with --backfill-loglevel info
+        run.note = "its fetch offsets went out of range: input deleted under it; "
     marks = WATERMARK_LINE.search(log)
     watermark = None
     if marks is not None:
         low, high = int(marks.group(1)), int(marks.group(2))
         watermark = low
-        run.note = f"final watermark {low}..{high} epoch ms"
+        run.note += f"final watermark {low}..{high} epoch ms"
         if low != high:
             run.note += " (per partition: each one's last tick)"
     return run, watermark
@@ -390,7 +399,12 @@ async def measure(
         "ORACULAR_DATADIR": str(base / "state"),
     }
     topics = product_topics(env)
-    await create_topics(bootstrap, [spec.name for spec in topics])
+    # The input keeps its records: their timestamps are the event times, months old, and the
+    # broker's default retention (7 days) deleted them at its first retention check, 5 min
+    # after it started, under a running backfill (which then waited forever).
+    kept = TopicSpec(topics.events.name, PARTITIONS, {**topics.events.config, **KEEP_INPUT})
+    await ensure_topics_async(bootstrap, [kept])
+    await create_topics(bootstrap, [spec.name for spec in topics if spec is not topics.events])
 
     path = base / "events.msgpack"
     say(f"generating {args.events:,} events of {args.users:,} users into {path}")
@@ -423,6 +437,8 @@ async def measure(
     problems = compare(expected, runs)
     if run_backfill.stalled:
         problems.insert(0, f"oracular backfill STALLED: {run_backfill.stalled}")
+    if run_backfill.note.startswith("its fetch offsets went out of range"):
+        problems.insert(0, "oracular backfill: " + run_backfill.note.rstrip("; "))
     if later:
         problems.append(
             f"{later:,} episodes are due only after the backfill's final watermark "
