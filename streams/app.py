@@ -126,6 +126,7 @@ def create_app(
         timer_closes_per_batch=None if backfill is not None else TIMER_CLOSES_PER_BATCH,
     )
     runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
+    runtime.ticks = ticks
     fence_stale_changelog_records(table, runtime.repair)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
     if backfill is None:  # the lookup API, health and metrics (streams/api.py, docs/serving.md)
@@ -196,6 +197,8 @@ class _Runtime:
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy(log)
         self.repairs: dict[int, set[bytes]] = {}
+        self.ticks: Any = None
+        """The ticks topic (set by `create_app`)."""
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._last_summary = (time.monotonic(), 0)
 
@@ -252,6 +255,8 @@ class _Runtime:
         clock.lap("states")
         self.faults.reached("changelog")
         self.processor.remember(batch)
+        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
+            await self.tick_again()
         if self.backfill is not None:
             self.backfill.advance(
                 messages, self.processor.next_offset, self.settings.topics.ticks.name
@@ -285,6 +290,14 @@ class _Runtime:
                 {tp.partition: offset for tp, offset in starts.items() if offset is not None},
                 self.processor.next_offset,
             )
+
+    async def tick_again(self) -> None:
+        """A tick now for the partitions whose due episodes the last tick did not all close."""
+        owned = {tp.partition for tp in self.app.consumer.assignment()}
+        now = _wall_ms()
+        for partition in sorted(self.processor.more_due & owned):
+            await self.ticks.send(value=encode_tick(now), partition=partition)
+        self.processor.more_due.clear()
 
     def repair(self, partition: int, key: bytes) -> None:
         """After recovery, write `key` again: the changelog's last record of it is stale."""

@@ -303,6 +303,9 @@ class Processor:
         episodes fall due at once; closing them all in one batch stalled the worker for
         seconds. The rest stay due and close on the next ticks, at the same deadlines, so the
         outputs do not change, only when they are published."""
+        self.more_due: set[int] = set()
+        """Partitions whose last tick left due episodes open (the per-batch limit): the worker
+        ticks them again at once instead of a tick interval later."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
@@ -583,9 +586,11 @@ class Processor:
         heap = self.deadlines.get(partition)
         live = self.open.get(partition, {})
         closed = 0
+        self.more_due.discard(partition)
         while heap and heap[0][0] < watermark:
             if batch.timer_closes_left is not None and closed >= batch.timer_closes_left:
-                break  # the rest close on the next ticks (see `timer_closes_per_batch`)
+                self.more_due.add(partition)  # the rest on the next tick (`more_due`)
+                break
             deadline, key = heapq.heappop(heap)
             if live.get(key) != deadline:
                 continue  # stale: a later event moved the deadline; its own entry is in the heap

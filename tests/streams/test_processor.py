@@ -241,8 +241,13 @@ def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
     capped_table, whole_table = DictTable(), DictTable()
     _run_capped(capped, capped_table, events, caught_up=False, wall=TS)
     _run_capped(whole, whole_table, events, caught_up=False, wall=TS)
-    per_tick = [_run_capped(capped, capped_table, [_tick(sent_at=late + n)]) for n in range(4)]
+    per_tick, wanted_more = [], []
+    for n in range(4):
+        per_tick.append(_run_capped(capped, capped_table, [_tick(sent_at=late + n)]))
+        wanted_more.append(set(capped.more_due))
+    assert wanted_more == [{0}, {0}, set(), set()]  # the worker ticks partition 0 again at once
     assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
+    assert capped.more_due == set()  # the last ticks closed everything due: no tick again
     [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
     assert sorted(o for outputs in per_tick for o in outputs) == sorted(once)
     assert capped.counts["closed_by_timer"] == whole.counts["closed_by_timer"] == 5
