@@ -208,3 +208,80 @@ def test_reset_refuses_while_a_worker_runs(kafka, name, faust_worker, tmp_path):
     assert worker.datadir.exists()
     assert f"consumer group {app_id}" in busy.stdout  # the plan is still shown
     worker.stop()
+
+
+async def _delete_input_once_running(kafka: str, topic: str, app_id: str) -> int:
+    """Once the backfill has captured its range (its changelog topic exists: Faust is up),
+    delete the input topic's records up to its end, as retention would. Returns the end."""
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    from aiokafka.structs import TopicPartition
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + BACKFILL_TIMEOUT_S
+        while not any(t.startswith(app_id) for t in await admin.list_topics()):
+            assert time.monotonic() < deadline, "the backfill never created its changelog topic"
+            await asyncio.sleep(0.05)
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            ends = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+        await admin.delete_records({tp: RecordsToDelete(ends[tp]) for tp in tps})
+        return sum(ends.values())
+    finally:
+        await admin.close()
+
+
+async def _produce_fast(kafka: str, topic: str, events) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(
+                topic,
+                msgpack.packb(
+                    {"id": e.id, "user": e.user, "ts": e.at, "type": e.type, "name": e.name}
+                ),
+                key=e.user.encode(),
+            )
+            for e in events
+        ]
+        await producer.flush()
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def test_a_backfill_whose_input_is_deleted_under_it_ends_and_says_so(kafka, name, tmp_path):
+    """Retention deleting the input a backfill has not read yet: the backfill still ends
+    (it used to wait for the deleted records forever), and warns which offsets it misses."""
+    prefix = name("gone")
+    config = load_config(CONFIG)
+    events = [e for e in clickstream(config, 20_000, 400, seed=9) if e.name is not None]
+    topics = product_topics(
+        {"ORACULAR_TOPIC_PREFIX": prefix, "ORACULAR_PARTITIONS": str(PARTITIONS)}
+    )
+    asyncio.run(ensure_topics_async(kafka, list(topics)))
+    asyncio.run(_produce_fast(kafka, topics.events.name, events))
+    app_id = f"{prefix}-app"
+    env = {**_env(kafka, prefix, tmp_path), "ORACULAR_TICK_INTERVAL_S": "0.2"}
+
+    async def backfill_while_deleting():
+        run = asyncio.to_thread(
+            _oracular, env, "backfill", "--config", str(CONFIG), "--app-id", app_id
+        )
+        return await asyncio.gather(
+            run, _delete_input_once_running(kafka, topics.events.name, app_id)
+        )
+
+    done, total = asyncio.run(backfill_while_deleting())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"backfill {app_id} complete" in done.stderr
+    applied = int(done.stderr.split("applied=")[1].split(",")[0])
+    assert applied <= total == len(events)
+    if applied < total:  # the deletion came before the backfill read everything: it says so
+        assert "were deleted by the broker (retention) before the backfill read them" in done.stderr
