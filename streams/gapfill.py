@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from streams.processor import InMessage
 
@@ -67,6 +68,13 @@ class GapFiller:
             moved = await consumer.position(tp)
             idle_polls = 0 if records or moved > position else idle_polls + 1
 
+    async def log_start(self, topic: str, partition: int) -> int:
+        """The partition's first offset still in the log (retention and deletions move it)."""
+        consumer = await self._consumer()
+        tp = TopicPartition(topic, partition)
+        first: int = (await consumer.beginning_offsets([tp]))[tp]
+        return first
+
     async def close(self) -> None:
         """Disconnect."""
         if self.consumer is not None:
@@ -85,6 +93,26 @@ class GapFiller:
             await consumer.start()
             self.consumer = consumer
         return self.consumer
+
+
+async def _warn_if_deleted(
+    filler: GapFiller, topic: str, partition: int, start: int, stop: int
+) -> None:
+    """A hole that starts below the log start was deleted by the broker before the worker read
+    it (retention, a deletion): lost input, unlike transaction markers, so say so loudly."""
+    try:
+        first = await filler.log_start(topic, partition)
+    except (TimeoutError, OSError, KafkaError):
+        return  # the hole is still counted and logged by the processor
+    if first > start:
+        log.warning(
+            "input partition %s: offsets %s..%s were deleted by the broker (retention) before "
+            "this worker read them: their events are not in its state. Keep the input longer "
+            "than a worker can fall behind",
+            partition,
+            start,
+            min(first, stop) - 1,
+        )
 
 
 async def fill_holes(
@@ -116,6 +144,8 @@ async def fill_holes(
                     exc,
                 )
                 records = []
+            if len(records) < message.offset - start:
+                await _warn_if_deleted(filler, events_topic, partition, start, message.offset)
             if records:
                 filler.filled += len(records)
                 log.warning(

@@ -229,4 +229,8 @@ async def test_input_deleted_by_retention_before_it_was_read(
     assert worker.stop() == 0
     counts = last_summary(worker.log_text())
     assert counts["gaps"] == PARTITIONS, counts  # one hole per partition, where it was cut
+    for p, c in cut.items():  # lost input is a warning naming the deleted offsets
+        assert f"input partition {p}: offsets {offsets[p][0]}..{c - 1} were deleted" in (
+            worker.log_text()
+        )
     assert counts["applied"] == len(kept) + len(marks), counts
