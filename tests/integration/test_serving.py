@@ -75,6 +75,18 @@ def replayed(config: EngineConfig, events: list[Event]) -> dict[str, EngineState
     return replayer.states
 
 
+def served_stream(
+    kafka: str, request: pytest.FixtureRequest, settings: dict[str, str], **stream: int
+) -> tuple[Any, list[Event], dict[str, EngineState], int]:
+    """A deployment whose workers serve the API on free ports and close by event time only
+    (plus `settings`), a generated stream (`events`, `users`, `seed`), its replayed states,
+    and a lookup time two days after its last event."""
+    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", **settings}
+    dep = deployment(kafka, request.node.name, settings=env)
+    events = generate_stream(dep.config, **stream)
+    return dep, events, replayed(dep.config, events), events[-1].at + 2 * DAY_MS
+
+
 def answer_problems(body: dict[str, Any], state: EngineState, at: int) -> list[str]:
     """How a lookup answer differs from engine.predict on the replayed state at `at`."""
     problems = []
@@ -161,11 +173,9 @@ async def test_lookups_through_either_worker_equal_the_replay(
     """Two workers: every user of a stream, asked through each worker (so half the answers
     take one hop), and in one batch, equals engine.predict on the replayed state; the token
     is enforced; /metrics counts the applied events."""
-    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_TOKEN": TOKEN}
-    dep = deployment(kafka, request.node.name, settings=env)
-    events = generate_stream(dep.config, events=3_000, users=200, seed=31)
-    states = replayed(dep.config, events)
-    at = events[-1].at + 2 * DAY_MS
+    dep, events, states, at = served_stream(
+        kafka, request, {"ORACULAR_API_TOKEN": TOKEN}, events=3_000, users=200, seed=31
+    )
     await dep.create_topics()
     first = worker_for(faust_worker, dep).start()
     second = relocate(worker_for(faust_worker, dep), tmp_path / "second").start()
@@ -237,11 +247,9 @@ async def test_a_lookup_during_a_rebalance_is_503_or_right_then_right(
     """Lookups keep coming through the first worker while a second joins and takes partitions:
     each answer is right or a 503 with Retry-After (a 504 if the new owner is still starting),
     and once the group settles every answer is right, served by the new owner."""
-    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_TOKEN": TOKEN}
-    dep = deployment(kafka, request.node.name, settings=env)
-    events = generate_stream(dep.config, events=2_000, users=120, seed=32)
-    states = replayed(dep.config, events)
-    at = events[-1].at + 2 * DAY_MS
+    dep, events, states, at = served_stream(
+        kafka, request, {"ORACULAR_API_TOKEN": TOKEN}, events=2_000, users=120, seed=32
+    )
     # Two users per partition: lookups for partitions that move and ones that stay.
     watched: dict[int, list[str]] = {}
     for user in sorted(states):
@@ -384,11 +392,9 @@ async def test_stale_reads_come_from_the_standby_copy(
     """With a standby replica, `?stale=true` through the worker that does not own a user is
     answered from its standby copy, without a hop, and (once the changelog is replicated)
     equals the replay."""
-    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_STANDBY_REPLICAS": "1"}
-    dep = deployment(kafka, request.node.name, settings=env)
-    events = generate_stream(dep.config, events=1_500, users=100, seed=33)
-    states = replayed(dep.config, events)
-    at = events[-1].at + 2 * DAY_MS
+    dep, events, states, at = served_stream(
+        kafka, request, {"ORACULAR_STANDBY_REPLICAS": "1"}, events=1_500, users=100, seed=33
+    )
     await dep.create_topics()
     first = worker_for(faust_worker, dep).start()
     second = relocate(worker_for(faust_worker, dep), tmp_path / "second").start()
@@ -427,11 +433,9 @@ async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
     """The owner of a user's partition stops answering (SIGSTOP): a lookup through the other
     worker fails with 504 after ORACULAR_API_FORWARD_TIMEOUT_S instead of hanging, and is
     right again once the owner runs again."""
-    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_FORWARD_TIMEOUT_S": "1"}
-    dep = deployment(kafka, request.node.name, settings=env)
-    events = generate_stream(dep.config, events=600, users=60, seed=34)
-    states = replayed(dep.config, events)
-    at = events[-1].at + 2 * DAY_MS
+    dep, events, states, at = served_stream(
+        kafka, request, {"ORACULAR_API_FORWARD_TIMEOUT_S": "1"}, events=600, users=60, seed=34
+    )
     await dep.create_topics()
     first = worker_for(faust_worker, dep).start()
     second = relocate(worker_for(faust_worker, dep), tmp_path / "second").start()
@@ -471,11 +475,9 @@ async def test_lookups_from_the_cache_equal_lookups_from_the_table(
     """A worker that has applied a stream answers every user from its cache of decoded users
     (no table read), equal to the replay; restarted without a cache, it reads every user
     from its table and gives the same answers."""
-    env = {**EVENT_TIME_ONLY, "ORACULAR_API_PORT": "0", "ORACULAR_API_TOKEN": TOKEN}
-    dep = deployment(kafka, request.node.name, settings=env)
-    events = generate_stream(dep.config, events=1_000, users=60, seed=37)
-    states = replayed(dep.config, events)
-    at = events[-1].at + 2 * DAY_MS
+    dep, events, states, at = served_stream(
+        kafka, request, {"ORACULAR_API_TOKEN": TOKEN}, events=1_000, users=60, seed=37
+    )
     await dep.create_topics()
     worker = worker_for(faust_worker, dep)
     answers: list[dict[str, Any]] = []
