@@ -40,6 +40,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Final, NamedTuple, cast
 
+import rocksdict  # the rocksdb:// store's own binding (a dependency)
 from aiokafka import errors as kafka_errors
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import ConsumerStoppedError
@@ -160,7 +161,8 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
     if commit_every is not None and self._n_acked >= commit_every:
         self._n_acked = 0
         await self.commit()
-    if not await _run_delivery(self, self.callback(message)):
+    delivery = cast(Coroutine[Any, Any, Any], self.callback(message))  # an async def call
+    if not await _run_delivery(self, delivery):
         return False
     if _fetched_after_seeks(self, tp, offset):
         current = read_offset.get(tp)
@@ -634,8 +636,6 @@ def store_put_all(table: Any, partition: int, items: list[tuple[bytes, bytes]]) 
     record), in one RocksDB write batch: atomic, and one call into RocksDB instead of one per
     key (Faust's `Store._set`, which also keeps a key -> partition index that reads with a
     current event, the worker's only reads, never use)."""
-    import rocksdict  # noqa: PLC0415 - the rocksdb:// store's own dependency
-
     batch = rocksdict.WriteBatch(raw_mode=True)  # raw bytes, as Faust opens the databases
     for key, value in items:
         batch.put(key, value)

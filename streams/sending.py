@@ -40,20 +40,21 @@ async def send_all(
             partition = choose(key)
         grouped.setdefault((topic, partition), []).append((key, value))
     sent: list[tuple[str, int, int, Any]] = []
+
+    async def hand_over(topic: str, partition: int, batch: Any, count: int) -> None:
+        before_sending()
+        future = await producer.send_batch(batch, topic, partition=partition)
+        sent.append((topic, partition, count, future))
+
     for (topic, partition), items in grouped.items():
         batch, count = producer.create_batch(), 0
         for key, value in items:
             if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it
-                before_sending()
-                future = await producer.send_batch(batch, topic, partition=partition)
-                sent.append((topic, partition, count, future))
+                await hand_over(topic, partition, batch, count)
                 batch, count = producer.create_batch(), 0
                 batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any
             count += 1
-        before_sending()
-        sent.append(
-            (topic, partition, count, await producer.send_batch(batch, topic, partition=partition))
-        )
+        await hand_over(topic, partition, batch, count)
     last: dict[tuple[str, int], int] = {}
     for topic, partition, count, future in sent:
         metadata = await future  # the batch's base offset: its records follow it in order
