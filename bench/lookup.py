@@ -133,7 +133,9 @@ async def lookup_load(
     return done
 
 
-async def start_workers(bootstrap: str, prefix: str, base: Path) -> list[Worker]:
+async def start_workers(
+    bootstrap: str, prefix: str, base: Path, extra: dict[str, str] | None = None
+) -> list[Worker]:
     """Two fresh workers (a new app id: the group reads the input from the start)."""
     app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
     workers = [
@@ -144,7 +146,11 @@ async def start_workers(bootstrap: str, prefix: str, base: Path) -> list[Worker]
             prefix=prefix,
             datadir=base / app_id / f"w{n}",
             log_path=base / app_id / f"w{n}.log",
-            settings={"ORACULAR_API_PORT": "0", "ORACULAR_SUMMARY_INTERVAL_S": "3600"},
+            settings={
+                "ORACULAR_API_PORT": "0",
+                "ORACULAR_SUMMARY_INTERVAL_S": "3600",
+                **(extra or {}),
+            },
         )
         for n in range(2)
     ]
@@ -269,7 +275,9 @@ async def main_async(args: argparse.Namespace) -> int:
         users = sorted({e.user for e in events})
         say(f"preloading {len(events):,} events of {len(users):,} users")
         await preload(bootstrap, topics.events.name, events)
-        workers = await start_workers(bootstrap, topics_prefix, base)
+        workers = await start_workers(
+            bootstrap, topics_prefix, base, dict(item.split("=", 1) for item in args.worker_env)
+        )
         urls = await api_urls(workers)
         async with ClientSession(timeout=ClientTimeout(total=30)) as http:
             owners = await routing(http, urls)
@@ -340,7 +348,7 @@ def report(
     print(f"\nmachine: {machine()}; load average at the end {load} (other jobs included)")
     print(
         f"command: python -m bench.lookup --events {args.events} --users {args.users} "
-        f"--runs {args.runs}\n"
+        f"--runs {args.runs}" + "".join(f" --worker-env {item}" for item in args.worker_env) + "\n"
     )
     print(
         f"| lookup (2 workers; live input offered at {LIVE_RATE:,.0f} events/s, applied "
@@ -372,6 +380,13 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0",
+    )
     return asyncio.run(main_async(parser.parse_args()))
 
 

@@ -11,8 +11,8 @@ The agent is thin: it takes a batch of messages (input and ticks, co-partitioned
 In that order, a stored state that records an input as applied implies its outputs were
 delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
 loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids.
-Messages are acked by hand (`noack_take`): a batch interrupted by a crash or shutdown is never
-committed.
+Messages are taken a batch at a time and acked by hand (`faust_patches.take_batches`): a batch
+interrupted by a crash or shutdown is never committed.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def create_app(
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
-        async for events in stream.noack_take(settings.batch_max, settings.batch_window_s):
-            for event in await runtime.run_batch(events):
-                await stream.ack(event)
+        batches = faust_patches.take_batches(stream, settings.batch_max, settings.batch_window_s)
+        async for events in batches:
+            faust_patches.ack_all(app, await runtime.run_batch(events))
             runtime.faults.reached("acked")
 
     @app.timer(settings.tick_interval_s)

@@ -19,6 +19,7 @@ import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -27,9 +28,10 @@ import pytest
 import rocksdict
 from aiokafka.consumer.fetcher import Fetcher, FetchResult
 from aiokafka.consumer.subscription_state import SubscriptionState
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 from faust.tables.recovery import Recovery
 from faust.types import TP
+from faust.types.tuples import ConsumerMessage
 
 from streams import faust_patches
 from streams.faust_patches import FAUST_VERSION, FaustVersionError
@@ -826,3 +828,222 @@ def test_store_put_all_writes_one_partitions_database_in_raw_bytes(tmp_path):
 def test_the_installed_faust_is_the_patched_version():
     """The environment has the version the patches were written for."""
     assert faust_patches.installed_version() == FAUST_VERSION == faust.__version__
+
+
+# --- taking batches from an agent's stream ---------------------------------------------------
+
+TAKE_TOPIC = "take-in"
+STREAMS_PYX_SHA256 = "0041622f4a251188f53d73e6d51d18d16f0f427512df1e96c043cfdeea4c3250"
+
+
+@pytest.fixture
+def taking() -> Iterator[tuple[Any, Any]]:
+    """An app with flow running and a stream whose buffer the test fills by hand."""
+    app = faust.App(
+        "take-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    app.flow_control.resume()  # suspended until a worker's first assignment
+    app.topics._acking_topics.add(TAKE_TOPIC)
+    yield app, app.stream(app.channel())
+    app.consumer._thread.thread_loop.close()  # the consumer thread's loop, never run
+
+
+def _put(app: Any, stream: Any, offsets: range, generation: int = 0) -> list[Any]:
+    """Events of TAKE_TOPIC's partition 0 at `offsets`, put into the stream's buffer."""
+    events = []
+    for offset in offsets:
+        message = ConsumerMessage(  # what the Kafka consumer makes of a record
+            TAKE_TOPIC, 0, offset, 0.0, 0, None, b"k", b"v", None, generation_id=generation
+        )
+        message.incref()  # one stream reads it, as the conductor counts
+        event = faust.Event(app, b"k", b"v", {}, message)
+        stream.channel.queue.put_nowait(event)
+        events.append(event)
+    return events
+
+
+async def _next(batches: Any) -> list[int]:
+    batch = await asyncio.wait_for(batches.__anext__(), SCENARIO_TIMEOUT_S)
+    return [event.message.offset for event in batch]
+
+
+async def test_take_batches_yields_the_buffer_in_order_at_most_max_at_a_time(taking):
+    app, stream = taking
+    _put(app, stream, range(7))
+    batches = faust_patches.take_batches(stream, 3, 0.001)
+    assert [await _next(batches) for _ in range(3)] == [[0, 1, 2], [3, 4, 5], [6]]
+    await batches.aclose()
+
+
+async def test_taken_messages_are_tracked_until_acked_and_then_committable(taking):
+    """What Stream.__aiter__ does per event: a taken message is unacked (so a rebalance
+    waits for it and no commit passes it) until the agent acks it."""
+    app, stream = taking
+    events = _put(app, stream, range(3))
+    batches = faust_patches.take_batches(stream, 10, 0.001)
+    assert await _next(batches) == [0, 1, 2]
+    consumer, tp = app.consumer, TP(TAKE_TOPIC, 0)
+    assert {e.message for e in events} <= set(consumer.unacked)
+    faust_patches.ack_all(app, events[:2])
+    assert list(consumer._acked[tp]) == [0, 1] and events[2].message in consumer.unacked
+    faust_patches.ack_all(app, events[2:])
+    assert list(consumer._acked[tp]) == [0, 1, 2] and not consumer.unacked
+    await batches.aclose()
+
+
+@pytest.mark.parametrize("why", ["another generation", "flow suspended"])
+async def test_an_event_delivered_before_a_rebalance_is_skipped_not_acked(taking, why):
+    """As Faust's compiled stream iterator skips it: not given to the agent, not tracked (it
+    holds up nothing) and not acked (an ack could let a commit pass it before the new
+    generation applies it)."""
+    app, stream = taking
+    stale = _put(app, stream, range(2), generation=1 if why == "another generation" else 0)
+    if why == "flow suspended":
+        app.flow_control.suspend()
+    batches = faust_patches.take_batches(stream, 10, 0.001)
+    taking = asyncio.ensure_future(batches.__anext__())
+    await _wait_until(stream.channel.queue.empty, "the stale events taken")
+    assert not any(e.message.acked for e in stale) and not app.consumer.unacked
+    assert not app.consumer._acked[TP(TAKE_TOPIC, 0)]
+    if why == "flow suspended":
+        app.flow_control._suspend.clear()  # resume() would also clear the buffer
+        app.flow_control._resume.set()
+    _put(app, stream, range(2, 3))
+    batch = await asyncio.wait_for(taking, SCENARIO_TIMEOUT_S)
+    assert [e.message.offset for e in batch] == [2]
+    await batches.aclose()
+
+
+async def test_a_batch_waits_out_the_window_after_the_last_one_unless_it_is_full(taking):
+    """Within the window after a batch, events gather into the next; a full buffer does not
+    wait."""
+    app, stream = taking
+    _put(app, stream, range(3))
+    batches = faust_patches.take_batches(stream, 3, 60.0)
+    assert await _next(batches) == [0, 1, 2]  # the first window is over at once
+    _put(app, stream, range(3, 6))
+    assert await _next(batches) == [3, 4, 5]  # full: not held for the 60 s window
+    taking = asyncio.ensure_future(batches.__anext__())
+    _put(app, stream, range(6, 7))
+    await asyncio.sleep(0.2)
+    assert not taking.done()  # one event, 60 s window: it waits for more
+    taking.cancel()
+    await asyncio.gather(taking, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("where", "sha256"),
+    [
+        ("Stream._py_aiter", "3a48ee257a65435b482d51edb74f2993a67867949b1ef89b49fea893769e0614"),
+        ("_cython/streams.pyx", STREAMS_PYX_SHA256),
+    ],
+)
+def test_take_batches_mirrors_the_stream_iterators_it_was_written_for(where, sha256):
+    """`take_batches` repeats the stream iterators' per-event bookkeeping (skip stale events,
+    track messages): a change there must be re-read against it."""
+    if where.endswith(".pyx"):
+        source = (Path(faust.__file__).parent / where).read_text()
+    else:
+        source = inspect.getsource(faust.streams.Stream._py_aiter)
+    assert hashlib.sha256(source.encode()).hexdigest() == sha256, (
+        f"faust-streaming's {where} changed: re-read it against take_batches"
+    )
+
+
+# --- records put straight into a raw stream's buffer ------------------------------------------
+
+FETCHED = TopicPartition(TAKE_TOPIC, 0)
+"""A partition as the fetch loop names it (aiokafka's TopicPartition, not Faust's TP)."""
+
+
+async def _assigned_stream(app: Any, *, raw: bool = True) -> Any:
+    """A stream of TAKE_TOPIC (raw bytes, or JSON values), its partition 0 assigned."""
+    codecs = {"key_serializer": "raw", "value_serializer": "raw"} if raw else {}
+    topic = app.topic(TAKE_TOPIC, key_type=bytes, value_type=bytes if raw else None, **codecs)
+    stream = app.stream(topic)
+    await app.topics.on_partitions_assigned({TP(TAKE_TOPIC, 0)})
+    return stream
+
+
+def _record_message(offset: int, value: bytes | None = b"\x81\xa1a\x01") -> ConsumerMessage:
+    return ConsumerMessage(TAKE_TOPIC, 0, offset, 1.5, 0, [("h", b"1")], b"user-1", value, None)
+
+
+@pytest.mark.parametrize("value", [b"\x81\xa1a\x01", b"", None])
+async def test_a_raw_record_is_put_into_its_stream_as_the_conductor_would(taking, value):
+    """Same event as the conductor's decode makes, one reference counted, in the buffer."""
+    app, _ = taking
+    stream = await _assigned_stream(app)
+    put = faust_patches._direct_put(app.consumer, FETCHED)
+    assert put is not None
+    message = _record_message(7, value)
+    assert put(message)
+    event = stream.channel.queue.get_nowait()
+    decoded = await stream.channel.decode(_record_message(7, value), propagate=True)
+    assert (event.key, event.value, event.headers) == (decoded.key, decoded.value, decoded.headers)
+    assert event.message is message and message.refcount == 1
+
+
+async def test_a_record_goes_the_conductors_way_when_something_would_wait(taking):
+    """Flow suspended, the producer's buffer over its limit, a full stream buffer: False,
+    nothing put, no reference counted."""
+    app, _ = taking
+    stream = await _assigned_stream(app)
+    put = faust_patches._direct_put(app.consumer, FETCHED)
+    message = _record_message(1)
+    app.flow_control._suspend.set()
+    assert not put(message)
+    app.flow_control._suspend.clear()
+    app.producer.buffer.max_messages = -1
+    assert not put(message)
+    del app.producer.buffer.max_messages  # the class's limit again
+    queue = stream.channel.queue
+    while not queue.full():
+        queue.put_nowait(None)
+    assert not put(message)
+    assert message.refcount == 0
+
+
+async def test_only_a_partition_with_one_raw_stream_is_put_directly(taking):
+    """A decoding stream, or a second stream on the partition, keeps the conductor's way."""
+    app, _ = taking
+    await _assigned_stream(app, raw=False)
+    assert faust_patches._direct_put(app.consumer, FETCHED) is None
+    app.topics.clear()
+    await _assigned_stream(app)
+    await _assigned_stream(app)
+    assert faust_patches._direct_put(app.consumer, FETCHED) is None
+
+
+async def test_the_direct_put_pauses_and_resumes_fetching_as_the_conductor_would(taking):
+    """A buffer under pressure pauses the partition and resumes it once drained, naming it by
+    Faust's TP (the consumer's set of active partitions holds nothing else)."""
+    app, _ = taking
+    stream = await _assigned_stream(app)
+    calls: list[tuple[str, Any]] = []
+    app.consumer.on_buffer_full = lambda tp: calls.append(("full", tp))
+    app.consumer.on_buffer_drop = lambda tp: calls.append(("drop", tp))
+    put = faust_patches._direct_put(app.consumer, FETCHED)
+    queue = stream.channel.queue
+    offset = 0
+    while not calls:
+        assert put(_record_message(offset))
+        offset += 1
+    assert offset == queue.pressure_high_size + 1
+    while len(calls) < 2:
+        queue.get_nowait()
+    assert calls == [("full", TP(TAKE_TOPIC, 0)), ("drop", TP(TAKE_TOPIC, 0))]
+    assert all(type(tp) is TP for _, tp in calls)
+
+
+async def test_the_direct_put_follows_the_conductors_handler(taking):
+    """Rebuilt when the conductor rebuilds its handler (an assignment); none while it has
+    none for the partition."""
+    app, _ = taking
+    await _assigned_stream(app)
+    first = faust_patches._direct_put(app.consumer, FETCHED)
+    assert first is not None and faust_patches._direct_put(app.consumer, FETCHED) is first
+    await app.topics.on_partitions_assigned({TP(TAKE_TOPIC, 0)})
+    assert faust_patches._direct_put(app.consumer, FETCHED) not in (None, first)
+    app.topics._tp_to_callback.clear()
+    assert faust_patches._direct_put(app.consumer, FETCHED) is None
