@@ -45,7 +45,6 @@ from aiokafka import errors as kafka_errors
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import ConsumerStoppedError
 from aiokafka.protocol.group import HeartbeatRequest
-from faust.serializers.schemas import Schema
 from faust.streams import _current_event
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as consumer_module
@@ -162,84 +161,14 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
     if commit_every is not None and self._n_acked >= commit_every:
         self._n_acked = 0
         await self.commit()
-    put = _direct_put(self, tp)
-    if put is None or not put(message):
-        delivery = cast(Coroutine[Any, Any, Any], self.callback(message))  # an async def call
-        if not await _run_delivery(self, delivery):
-            return False
+    delivery = cast(Coroutine[Any, Any, Any], self.callback(message))  # an async def call
+    if not await _run_delivery(self, delivery):
+        return False
     if _fetched_after_seeks(self, tp, offset):
         current = read_offset.get(tp)
         if current is None or current <= offset:
             read_offset[tp] = offset + 1
     return True
-
-
-def _direct_put(self: Consumer, tp: TP) -> Callable[[Any], bool] | None:
-    """A function that puts a record of `tp` straight into its stream's buffer, or None when
-    the records of `tp` must go through Faust's conductor.
-
-    The conductor's handler (`faust/transport/_cython/conductor.pyx` in 0.15.3, or its
-    pure-Python twin) costs a coroutine, two awaits and a decode per record. For a partition
-    read by exactly one stream of raw bytes (the worker's input and ticks: every byte goes
-    through `schemas/`), decoding is the identity and the handler's work is: wait for flow
-    and the producer's buffer, count one reference, make the event, put it into the buffer
-    (asking the consumer to pause the partition when the buffer gets full). The function
-    returned does that, synchronously, when nothing has to wait, and returns False when
-    something would (flow suspended, the producer's buffer over its limit, the stream buffer
-    full), so the record goes the conductor's way. It is rebuilt whenever the conductor
-    rebuilds its handler for `tp` (each assignment and subscription change).
-    """
-    handler = cast(Any, self.app.topics)._tp_to_callback.get(tp)
-    if handler is None:  # the conductor is rebuilding its handlers: its way waits for them
-        return None
-    cache: dict[TP, tuple[Any, Callable[[Any], bool] | None]]
-    cache = self.__dict__.setdefault("_oracular_direct", {})
-    cached = cache.get(tp)
-    if cached is None or cached[0] is not handler:
-        cached = cache[tp] = (handler, _build_direct_put(self.app, tp))
-    return cached[1]
-
-
-def _build_direct_put(app: Any, fetched: Any) -> Callable[[Any], bool] | None:
-    tp = TP(fetched.topic, fetched.partition)  # the fetch loop's is aiokafka's TopicPartition
-    channels = app.topics._tp_index.get(tp)
-    if channels is None or len(channels) != 1:
-        return None
-    [channel] = channels
-    schema = channel.schema
-    if (
-        type(schema) is not Schema
-        or (schema.key_type, schema.value_type) != (bytes, bytes)
-        or (schema.key_serializer, schema.value_serializer) != ("raw", "raw")
-    ):
-        return None
-    flow_active = app.flow_control.is_active
-    producer_buffer = app.producer.buffer
-    create_event = app.create_event
-    on_topic_buffer_full = app.sensors.on_topic_buffer_full
-    consumer = app.consumer
-
-    def on_pressure_high() -> None:  # as the handler's: pause fetching `tp`
-        on_topic_buffer_full(tp)
-        consumer.on_buffer_full(tp)
-
-    def on_pressure_drop() -> None:  # resume it once the buffer has drained
-        consumer.on_buffer_drop(tp)
-
-    def put(message: Any) -> bool:
-        if len(channels) != 1 or channel not in channels or not flow_active():
-            return False
-        queue = channel.queue
-        if producer_buffer.size > producer_buffer.max_messages or queue.full():
-            return False
-        message.incref(1)
-        event = create_event(message.key, message.value, message.headers, message)
-        queue.put_nowait_enhanced(
-            event, on_pressure_high=on_pressure_high, on_pressure_drop=on_pressure_drop
-        )
-        return True
-
-    return put
 
 
 async def _run_delivery(self: Consumer, delivery: Coroutine[Any, Any, Any]) -> bool:

@@ -28,7 +28,7 @@ import pytest
 import rocksdict
 from aiokafka.consumer.fetcher import Fetcher, FetchResult
 from aiokafka.consumer.subscription_state import SubscriptionState
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord
 from faust.tables.recovery import Recovery
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
@@ -948,102 +948,3 @@ def test_take_batches_mirrors_the_stream_iterators_it_was_written_for(where, sha
     assert hashlib.sha256(source.encode()).hexdigest() == sha256, (
         f"faust-streaming's {where} changed: re-read it against take_batches"
     )
-
-
-# --- records put straight into a raw stream's buffer ------------------------------------------
-
-FETCHED = TopicPartition(TAKE_TOPIC, 0)
-"""A partition as the fetch loop names it (aiokafka's TopicPartition, not Faust's TP)."""
-
-
-async def _assigned_stream(app: Any, *, raw: bool = True) -> Any:
-    """A stream of TAKE_TOPIC (raw bytes, or JSON values), its partition 0 assigned."""
-    codecs = {"key_serializer": "raw", "value_serializer": "raw"} if raw else {}
-    topic = app.topic(TAKE_TOPIC, key_type=bytes, value_type=bytes if raw else None, **codecs)
-    stream = app.stream(topic)
-    await app.topics.on_partitions_assigned({TP(TAKE_TOPIC, 0)})
-    return stream
-
-
-def _record_message(offset: int, value: bytes | None = b"\x81\xa1a\x01") -> ConsumerMessage:
-    return ConsumerMessage(TAKE_TOPIC, 0, offset, 1.5, 0, [("h", b"1")], b"user-1", value, None)
-
-
-@pytest.mark.parametrize("value", [b"\x81\xa1a\x01", b"", None])
-async def test_a_raw_record_is_put_into_its_stream_as_the_conductor_would(taking, value):
-    """Same event as the conductor's decode makes, one reference counted, in the buffer."""
-    app, _ = taking
-    stream = await _assigned_stream(app)
-    put = faust_patches._direct_put(app.consumer, FETCHED)
-    assert put is not None
-    message = _record_message(7, value)
-    assert put(message)
-    event = stream.channel.queue.get_nowait()
-    decoded = await stream.channel.decode(_record_message(7, value), propagate=True)
-    assert (event.key, event.value, event.headers) == (decoded.key, decoded.value, decoded.headers)
-    assert event.message is message and message.refcount == 1
-
-
-async def test_a_record_goes_the_conductors_way_when_something_would_wait(taking):
-    """Flow suspended, the producer's buffer over its limit, a full stream buffer: False,
-    nothing put, no reference counted."""
-    app, _ = taking
-    stream = await _assigned_stream(app)
-    put = faust_patches._direct_put(app.consumer, FETCHED)
-    message = _record_message(1)
-    app.flow_control._suspend.set()
-    assert not put(message)
-    app.flow_control._suspend.clear()
-    app.producer.buffer.max_messages = -1
-    assert not put(message)
-    del app.producer.buffer.max_messages  # the class's limit again
-    queue = stream.channel.queue
-    while not queue.full():
-        queue.put_nowait(None)
-    assert not put(message)
-    assert message.refcount == 0
-
-
-async def test_only_a_partition_with_one_raw_stream_is_put_directly(taking):
-    """A decoding stream, or a second stream on the partition, keeps the conductor's way."""
-    app, _ = taking
-    await _assigned_stream(app, raw=False)
-    assert faust_patches._direct_put(app.consumer, FETCHED) is None
-    app.topics.clear()
-    await _assigned_stream(app)
-    await _assigned_stream(app)
-    assert faust_patches._direct_put(app.consumer, FETCHED) is None
-
-
-async def test_the_direct_put_pauses_and_resumes_fetching_as_the_conductor_would(taking):
-    """A buffer under pressure pauses the partition and resumes it once drained, naming it by
-    Faust's TP (the consumer's set of active partitions holds nothing else)."""
-    app, _ = taking
-    stream = await _assigned_stream(app)
-    calls: list[tuple[str, Any]] = []
-    app.consumer.on_buffer_full = lambda tp: calls.append(("full", tp))
-    app.consumer.on_buffer_drop = lambda tp: calls.append(("drop", tp))
-    put = faust_patches._direct_put(app.consumer, FETCHED)
-    queue = stream.channel.queue
-    offset = 0
-    while not calls:
-        assert put(_record_message(offset))
-        offset += 1
-    assert offset == queue.pressure_high_size + 1
-    while len(calls) < 2:
-        queue.get_nowait()
-    assert calls == [("full", TP(TAKE_TOPIC, 0)), ("drop", TP(TAKE_TOPIC, 0))]
-    assert all(type(tp) is TP for _, tp in calls)
-
-
-async def test_the_direct_put_follows_the_conductors_handler(taking):
-    """Rebuilt when the conductor rebuilds its handler (an assignment); none while it has
-    none for the partition."""
-    app, _ = taking
-    await _assigned_stream(app)
-    first = faust_patches._direct_put(app.consumer, FETCHED)
-    assert first is not None and faust_patches._direct_put(app.consumer, FETCHED) is first
-    await app.topics.on_partitions_assigned({TP(TAKE_TOPIC, 0)})
-    assert faust_patches._direct_put(app.consumer, FETCHED) not in (None, first)
-    app.topics._tp_to_callback.clear()
-    assert faust_patches._direct_put(app.consumer, FETCHED) is None
