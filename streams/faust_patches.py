@@ -584,16 +584,18 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     a batch at a time.
 
     `noack_take` runs every event through Faust's stream iterator in a task of its own (a
-    loop turn, a buffer `get`, three coroutines and a processor per event: about a quarter of
-    the worker's CPU). This keeps that iterator's bookkeeping for each event, as 0.15.3 has it
-    (`faust/_cython/streams.pyx`, which Faust runs when its extension is built, and
-    `Stream._py_aiter`): an event delivered before a rebalance (another consumer generation,
-    or flow suspended) is skipped, and every other message is tracked as unacked
-    (`Consumer.track_message`) before the agent gets it. A skipped event is not acked, as the
-    compiled iterator does (the pure-Python one acks it, which could let a commit pass a
-    record the new generation has not applied yet). The window differs in one way: it runs
-    from the end of the last batch, and an event arriving after it has passed is taken at
-    once rather than at the next tick of the window, so a quiet worker answers sooner.
+    loop turn, a buffer `get`, three coroutines and a processor per event): taking the
+    buffer a batch at a time cut the worker's CPU per event by about 30% (A/B medians of
+    4,773 and 6,858 events/s, BENCHMARKS.md). This keeps that iterator's bookkeeping for each
+    event, as 0.15.3 has it (`faust/_cython/streams.pyx`, which Faust runs when its extension
+    is built, and `Stream._py_aiter`): an event delivered before a rebalance (another
+    consumer generation, or flow suspended) is skipped, and every other message is tracked as
+    unacked (`Consumer.track_message`) before the agent gets it. A skipped event is not
+    acked, as the compiled iterator does (the pure-Python one acks it, which could let a
+    commit pass a record the new generation has not applied yet). The window differs in one
+    way: it runs from the end of the last batch, and an event arriving after it has passed is
+    taken at once rather than at the next tick of the window, so a quiet worker answers
+    sooner.
     """
     app = stream.app
     queue = stream.channel.queue  # the agent's buffer, filled by Faust's conductor
