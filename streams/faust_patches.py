@@ -606,13 +606,19 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     loop = asyncio.get_running_loop()
     window_ends = loop.time()
     while not stream.should_stop:
-        first = await queue.get()  # raises what the channel was thrown (`queue._errors`)
+        try:
+            first = await queue.get()  # raises what the channel was thrown (`queue._errors`)
+        except StopAsyncIteration:  # the stream's end (shutdown): as Faust's iterator ends
+            return
         wait = window_ends - loop.time()
         if wait > 0 and queue.qsize() + 1 < max_:
             await asyncio.sleep(wait)
         taken = [first]
-        while len(taken) < max_ and not queue.empty():
-            taken.append(queue.get_nowait())
+        try:
+            while len(taken) < max_ and not queue.empty():
+                taken.append(queue.get_nowait())
+        except StopAsyncIteration:  # ended with events taken: they stay unacked (re-read)
+            return
         generation = app.consumer_generation_id
         events = []
         for event in taken:

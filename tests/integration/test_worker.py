@@ -130,6 +130,8 @@ async def test_live_run_equals_the_replay(
 
     await assert_equals_replay(dep, expected)
     assert worker.stop() == 0
+    # A clean stop: the agent ends with its stream, it does not crash on the way out.
+    assert "Crashed reason" not in worker.log_text(), worker.log_tail()
     counts = last_summary(worker.log_text())
     assert counts["applied"] == len(events) + len(marks), counts
     # The timer closed idle episodes mid-stream, not only the ones the sentinels make due.

@@ -914,6 +914,24 @@ async def test_an_event_delivered_before_a_rebalance_is_skipped_not_acked(taking
     await batches.aclose()
 
 
+@pytest.mark.parametrize("waiting", [True, False])
+async def test_take_batches_ends_when_the_stream_ends(taking, waiting):
+    """The channel thrown StopAsyncIteration (a worker's shutdown) ends the batches, as it
+    ends Faust's own iterator; an async generator must not let it out (a RuntimeError)."""
+    app, stream = taking
+    batches = faust_patches.take_batches(stream, 10, 0.001)
+    if waiting:
+        taking_ = asyncio.ensure_future(batches.__anext__())
+        await _wait_until(lambda: stream.channel.queue._getters, "the generator waiting")
+        await stream.channel.throw(StopAsyncIteration())
+    else:
+        _put(app, stream, range(2))
+        stream.channel.queue._errors.append(StopAsyncIteration())
+        taking_ = asyncio.ensure_future(batches.__anext__())
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(taking_, SCENARIO_TIMEOUT_S)
+
+
 async def test_a_batch_waits_out_the_window_after_the_last_one_unless_it_is_full(taking):
     """Within the window after a batch, events gather into the next; a full buffer does not
     wait."""
