@@ -671,28 +671,8 @@ class FaustNode:
         return reasons
 
     def lag(self) -> dict[int, int]:
-        from faust.types import TP  # noqa: PLC0415
-
-        consumer = self.app.consumer
-        lags = {}
-        try:
-            assignment = consumer.assignment()
-        except (AssertionError, AttributeError, KeyError):
-            return {}
-        for tp in assignment:
-            if tp.topic != self.events_topic:
-                continue
-            try:
-                highwater = faust_patches.end_offset(consumer, TP(tp.topic, tp.partition))
-            except (AssertionError, AttributeError, KeyError):
-                continue
-            if highwater is None:
-                continue
-            handled = self.runtime.processor.next_offset.get(tp.partition)
-            if handled is None:
-                handled = faust_patches.committed_offset(consumer, TP(tp.topic, tp.partition))
-            lags[tp.partition] = max(highwater - (handled or 0), 0)
-        return lags
+        lags = self.runtime.positions.partition_lags()
+        return {partition: lag for partition, lag in lags.items() if lag is not None}
 
     def counts(self) -> Mapping[str, int]:
         return dict(self.runtime.processor.counts)

@@ -73,6 +73,13 @@ class Positions:
     def lag(self) -> int | str:
         """Input messages of the owned partitions not handled yet ("unknown" before the
         consumer knows a partition's end)."""
+        lags = self.partition_lags().values()
+        return "unknown" if None in lags else sum(lag for lag in lags if lag is not None)
+
+    def partition_lags(self) -> dict[int, int | None]:
+        """Input messages not handled yet, per owned input partition (None: the consumer
+        does not know the partition's end yet). A caught-up partition has none, even when
+        records the worker never receives (transaction markers) are left before its end."""
         consumer = self.app.consumer
         handled_at = dict(self.processor.next_offset)
         # An assigned input partition that has handled nothing since assignment (one whose
@@ -80,18 +87,18 @@ class Positions:
         # counting it showed a stalled partition as lag=0.
         try:
             assigned = consumer.assignment()
-        except ConsumerNotStarted:  # a summary at a shutdown before the consumer started
-            assigned = set()
+        except (ConsumerNotStarted, AssertionError, AttributeError, KeyError):
+            assigned = set()  # a read at a start or shutdown, before or after the consumer
         for tp in assigned:
             if tp.topic == self.events_topic and tp.partition not in handled_at:
                 committed = faust_patches.committed_offset(consumer, tp)
                 if committed is not None:
                     handled_at[tp.partition] = committed
-        total = 0
+        lags: dict[int, int | None] = {}
         for partition, handled in handled_at.items():
             end = faust_patches.end_offset(consumer, TP(self.events_topic, partition))
             if end is None:
-                return "unknown"
-            if not self.caught_up(partition):  # caught up: only markers may be left
-                total += max(end - handled, 0)
-        return total
+                lags[partition] = None
+            else:  # caught up: only markers may be left
+                lags[partition] = 0 if self.caught_up(partition) else max(end - handled, 0)
+        return lags
