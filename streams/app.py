@@ -94,6 +94,9 @@ def create_app(
     )
 
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches
+    # Ticks alone do not keep the consumer's fetches short (faust_patches): an idle worker
+    # fetches twice a second, not 500 times.
+    app.fetch_quiet_topics = {topics.ticks.name}  # type: ignore[attr-defined]  # faust_patches
     inputs = raw_topic(app, topics.events.name, topics.ticks.name, partitions=partitions)
     ticks = raw_topic(app, topics.ticks.name, partitions=partitions)
     outputs = {
