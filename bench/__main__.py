@@ -30,6 +30,7 @@ import msgpack
 
 from bench.report import BENCHMARKS, record
 from bench.synthetic import clickstream, sessions_for
+from bench.workers import add_worker_env_option
 from engine import (
     EngineConfig,
     Event,
@@ -205,7 +206,7 @@ def _e2e(args: argparse.Namespace, command: str) -> None:
         peers=tuple(peer for peer in args.peers.split(",") if peer and peer != "none"),
         processes=args.processes,
         keep=args.keep,
-        worker_env=dict(item.split("=", 1) for item in args.worker_env),
+        worker_env=dict(args.worker_env),
         worker_root=(args.worker_root or ROOT).resolve(),
     )
     quiet = _wait_quiet(args.wait_quiet)
@@ -263,12 +264,8 @@ def main() -> int:
         metavar="N",
         help="the throughput phase also runs `oracular worker --processes N` (1: not)",
     )
-    e2e.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="ORACULAR_X=VALUE",
-        help="an extra setting for the measured workers (repeatable; noted in the output)",
+    add_worker_env_option(
+        e2e, "an extra setting for the measured workers (repeatable; noted in the output)"
     )
     e2e.add_argument(
         "--wait-quiet",

@@ -43,7 +43,7 @@ from bench.machine import machine
 from bench.session import say
 from bench.synthetic import clickstream
 from bench.topics import create_topics, preload
-from bench.workers import CONFIG, PARTITIONS, Worker, helper
+from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, helper
 from infra.broker import start_broker
 from schemas.config import load_config
 from streams.serving import partition_for
@@ -275,9 +275,7 @@ async def main_async(args: argparse.Namespace) -> int:
         users = sorted({e.user for e in events})
         say(f"preloading {len(events):,} events of {len(users):,} users")
         await preload(bootstrap, topics.events.name, events)
-        workers = await start_workers(
-            bootstrap, topics_prefix, base, dict(item.split("=", 1) for item in args.worker_env)
-        )
+        workers = await start_workers(bootstrap, topics_prefix, base, dict(args.worker_env))
         urls = await api_urls(workers)
         async with ClientSession(timeout=ClientTimeout(total=30)) as http:
             owners = await routing(http, urls)
@@ -348,7 +346,9 @@ def report(
     print(f"\nmachine: {machine()}; load average at the end {load} (other jobs included)")
     print(
         f"command: python -m bench.lookup --events {args.events} --users {args.users} "
-        f"--runs {args.runs}" + "".join(f" --worker-env {item}" for item in args.worker_env) + "\n"
+        f"--runs {args.runs}"
+        + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
+        + "\n"
     )
     print(
         f"| lookup (2 workers; live input offered at {LIVE_RATE:,.0f} events/s, applied "
@@ -380,12 +380,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
-    parser.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0",
+    add_worker_env_option(
+        parser, "a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0"
     )
     return asyncio.run(main_async(parser.parse_args()))
 

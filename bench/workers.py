@@ -6,6 +6,7 @@ subprocess tied to the bench, its output in a log file under the bench's temp di
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -21,6 +22,27 @@ CONFIG = ROOT / "examples" / "oracular.yaml"
 PARTITIONS = 8
 READY_TIMEOUT_S = 300.0  # worker start to "Worker ready" (a restore included)
 STOP_TIMEOUT_S = 60.0  # SIGTERM to exit
+
+
+def add_worker_env_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--worker-env NAME=VALUE` (repeatable): extra settings for the measured workers; the
+    parsed value is a list of (name, value) pairs, `dict(args.worker_env)`."""
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="ORACULAR_X=VALUE",
+        help=what,
+    )
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        msg = f"expected NAME=VALUE, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return name, value
 
 
 def clean_env(extra: Mapping[str, str], root: Path = ROOT) -> dict[str, str]:
