@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any, Final
 
 import faust
@@ -128,8 +129,9 @@ def create_app(
         # closes over ticks, so it never stalls for seconds on them.
         timer_closes_per_batch=None if backfill is not None else TIMER_CLOSES_PER_BATCH,
     )
-    runtime = _Runtime(app, processor, FaustTable(table), outputs, settings, backfill=backfill)
-    runtime.ticks = ticks
+    runtime = _Runtime(
+        app, processor, FaustTable(table), outputs, settings, ticks=ticks, backfill=backfill
+    )
     fence_stale_changelog_records(table, runtime.repair)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
     if backfill is None:  # the lookup API, health and metrics (streams/api.py, docs/serving.md)
@@ -146,7 +148,7 @@ def create_app(
 
     @app.timer(settings.tick_interval_s)
     async def tick() -> None:
-        await runtime.send_ticks(ticks)
+        await runtime.send_ticks()
 
     @app.task
     async def keep_lease() -> None:
@@ -188,6 +190,7 @@ class _Runtime:
         outputs: dict[str, str],
         settings: Settings,
         *,
+        ticks: Any,
         backfill: Backfill | None = None,
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
@@ -200,8 +203,8 @@ class _Runtime:
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy(log)
         self.repairs: dict[int, set[bytes]] = {}
-        self.ticks: Any = None
-        """The ticks topic (set by `create_app`)."""
+        self.ticks = ticks
+        """The ticks topic (Faust's), which the timer's ticks are sent to."""
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._last_summary = (time.monotonic(), 0)
 
@@ -267,7 +270,7 @@ class _Runtime:
         clock.report(len(messages), len(batch.outputs), len(writes))
         return events
 
-    async def send_ticks(self, ticks: Any) -> None:
+    async def send_ticks(self) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""
         app = self.app
         self.memory.tick()
@@ -275,10 +278,10 @@ class _Runtime:
             return
         if self.backfill is not None:
             await self._check_deleted_input()
-        now = _wall_ms()
-        for tp in app.consumer.assignment():
-            if tp.topic == self.settings.topics.ticks.name:
-                await ticks.send(value=encode_tick(now), partition=tp.partition)
+        ticks_topic = self.settings.topics.ticks.name
+        await self._tick(
+            tp.partition for tp in app.consumer.assignment() if tp.topic == ticks_topic
+        )
 
     async def _check_deleted_input(self) -> None:
         """A backfill whose remaining input the broker deleted (retention) would wait for it
@@ -297,10 +300,14 @@ class _Runtime:
     async def tick_again(self) -> None:
         """A tick now for the partitions whose due episodes the last tick did not all close."""
         owned = {tp.partition for tp in self.app.consumer.assignment()}
-        now = _wall_ms()
-        for partition in sorted(self.processor.more_due & owned):
-            await self.ticks.send(value=encode_tick(now), partition=partition)
+        await self._tick(sorted(self.processor.more_due & owned))
         self.processor.more_due.clear()
+
+    async def _tick(self, partitions: Iterable[int]) -> None:
+        """A tick stamped now to each of `partitions` of the ticks topic."""
+        now = _wall_ms()
+        for partition in partitions:
+            await self.ticks.send(value=encode_tick(now), partition=partition)
 
     def repair(self, partition: int, key: bytes) -> None:
         """After recovery, write `key` again: the changelog's last record of it is stale."""
