@@ -639,11 +639,12 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
                 taken.append(queue.get_nowait())
         except StopAsyncIteration:  # ended with events taken: they stay unacked (re-read)
             return
-        generation = app.consumer_generation_id
+        # Neither changes while the loop runs (it never awaits): read once per batch.
+        generation, active = app.consumer_generation_id, flow_active()
         events = []
         for event in taken:
             message = event.message
-            if not flow_active() or message.generation_id != generation:
+            if not active or message.generation_id != generation:
                 continue  # read again from the committed offset by the new generation
             if message.topic in acking_topics and not message.tracked:
                 message.tracked = True
