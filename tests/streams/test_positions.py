@@ -8,6 +8,7 @@ from typing import Any
 from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
+from streams import faust_patches
 from streams.positions import Positions
 
 EVENTS = "in"
@@ -55,3 +56,15 @@ def test_before_the_consumer_starts_only_handled_partitions_count():
     consumer = FakeConsumer({0: 10}, committed={})
     consumer.started = False
     assert positions(consumer, {0: 8}).partition_lags() == {0: 2}
+
+
+def test_a_partition_read_past_its_trailing_transaction_markers_has_no_lag():
+    """Offset 9 of partition 0 is a commit marker (never delivered): handled up to 9 with the
+    consumer past it, the partition is caught up, not one behind."""
+    consumer = FakeConsumer({0: 10}, committed={})
+    tp = TP(EVENTS, 0)
+    consumer._read_offset[tp] = 9  # the next offset the fetch loop would deliver
+    consumer._oracular_delivered = {tp: faust_patches._Delivered(position=10, read_offset=9)}
+    at = positions(consumer, {0: 9})
+    assert at.partition_lags() == {0: 0}
+    assert at.lag() == 0
