@@ -879,11 +879,10 @@ def install_serving(app: Any, runtime: Any) -> Api:
 
     run_batch = runtime.run_batch
 
-    async def timed_batch(events: list[Any]) -> list[Any]:
+    async def timed_batch(events: list[Any]) -> None:
         started = time.perf_counter()
         try:
-            result: list[Any] = await run_batch(events)
-            return result
+            await run_batch(events)
         finally:
             api.metrics.batch(time.perf_counter() - started, len(events))
 

@@ -17,10 +17,11 @@ interrupted by a crash or shutdown is never committed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import faust
 from faust.types import TP
@@ -36,7 +37,7 @@ from streams.gapfill import GapFiller, fill_holes
 from streams.memory import GcPolicy
 from streams.positions import Positions
 from streams.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
-from streams.sending import send_all
+from streams.sending import Sent, send_all
 from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
 from streams.state_table import FaustTable, fence_stale_changelog_records
 
@@ -142,9 +143,11 @@ def create_app(
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
         batches = faust_patches.take_batches(stream, settings.batch_max, settings.batch_window_s)
-        async for events in batches:
-            faust_patches.ack_all(app, await runtime.run_batch(events))
-            runtime.faults.reached("acked")
+        try:
+            async for events in batches:
+                await runtime.run_batch(events)
+        finally:
+            await runtime.finished()  # the last batch's changelog, then its acks
 
     @app.timer(settings.tick_interval_s)
     async def tick() -> None:
@@ -206,16 +209,20 @@ class _Runtime:
         self.ticks = ticks
         """The ticks topic (Faust's), which the timer's ticks are sent to."""
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
+        self._finishing: asyncio.Future[None] | None = None
+        """The last batch's `_finish`, while its changelog records are on their way."""
         self._last_summary = (time.monotonic(), 0)
 
-    async def run_batch(self, events: list[Any]) -> list[Any]:
-        """Apply a batch (outputs delivered, then states written); returns the events to ack:
-        all of them, since every message is applied, skipped as a duplicate or dead-lettered
-        (none when the worker fenced itself: see streams/fencing.py)."""
+    async def run_batch(self, events: list[Any]) -> None:
+        """Apply a batch: outputs delivered, then states written; the changelog's delivery is
+        finished by a task (`_finish`), which acks the events then. Every message is applied,
+        skipped as a duplicate or dead-lettered; none is acked when the worker fenced itself
+        (streams/fencing.py)."""
         fence = self.fence
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if fence.dropping(generation, events):
-            return []
+            await self.finished()
+            return
         clock = _StageClock()
         batch = self.processor.batch(self.table)
         messages = [_in_message(event) for event in events]
@@ -226,8 +233,15 @@ class _Runtime:
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.positions.caught_up, _wall_ms)
         clock.lap("apply")
+        # The previous batch's changelog was on its way while this one applied (it read those
+        # states from the cache and the store, written before). It must be acknowledged before
+        # this batch may write: the fence's checks below cover the time since its records were
+        # queued only when nothing of them is still on the way.
+        await self.finished()
+        clock.lap("previous changelog")
         if not await fence.may_write(generation):
-            return fence.drop(generation, events)
+            fence.drop(generation, events)
+            return
         # Straight to the producer, in record batches (streams/sending.py). The states are
         # written only once every output is acknowledged, so a failed delivery raises here,
         # before any state records the inputs as applied.
@@ -237,38 +251,71 @@ class _Runtime:
         clock.lap("outputs")
         self.faults.reached("outputs")
         if not await fence.may_write(generation):
-            return fence.drop(generation, events)
+            fence.drop(generation, events)
+            return
         writes = list(batch.writes())
         self.table.set_all(writes)
         self.faults.reached("stored")
+        # The next batch reads these states from the cache. Should their changelog records
+        # not be delivered, the worker stops (`_changelog_failed`) before it acks anything.
+        self.processor.remember(batch)
+        try:
+            sent = await self.table.send_changelog(producer, writes, fence.unless_frozen)
+        except Exception as exc:
+            await self._changelog_failed(exc, writes)
+        self._finishing = asyncio.ensure_future(
+            self._finish(events, sent, writes, messages, dict(self.processor.next_offset))
+        )
+        clock.lap("states")
+        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
+            await self.tick_again()
+        clock.report(len(messages), len(batch.outputs), len(writes))
+
+    async def finished(self) -> None:
+        """Wait until the last batch's changelog is acknowledged and its events acked (raises
+        what a failed delivery raised): before the next batch writes, and at the end."""
+        finishing, self._finishing = self._finishing, None
+        if finishing is not None:
+            await finishing
+
+    async def _finish(
+        self,
+        events: list[Any],
+        sent: Sent,
+        writes: list[tuple[bytes, bytes, Any]],
+        messages: list[InMessage],
+        next_offset: dict[int, int],
+    ) -> None:
+        """A batch's last step: its changelog acknowledged, then its events acked."""
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
-            await self.table.send_changelog(producer, writes, fence.unless_frozen)
-            fence.unless_frozen()  # frozen while the records were on their way?
-        except FrozenWhileWriting as frozen:
-            await fence.leave_repairs(writes, frozen.stalled_s)
+            await self.table.changelog_acknowledged(sent)
+            self.fence.unless_frozen()  # frozen while the records were on their way?
         except Exception as exc:
-            log.critical(
-                "a state's changelog record was not delivered (%s: %s): stopping the worker. "
-                "Nothing of this batch is acknowledged; on restart its inputs are redelivered "
-                "and the states written again",
-                type(exc).__name__,
-                exc,
-            )
-            await self.app.crash(exc)
-            raise
-        clock.lap("states")
+            await self._changelog_failed(exc, writes)
         self.faults.reached("changelog")
-        self.processor.remember(batch)
-        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
-            await self.tick_again()
+        faust_patches.ack_all(self.app, events)
+        self.faults.reached("acked")
         if self.backfill is not None:
-            self.backfill.advance(
-                messages, self.processor.next_offset, self.settings.topics.ticks.name
-            )
-        clock.report(len(messages), len(batch.outputs), len(writes))
-        return events
+            self.backfill.advance(messages, next_offset, self.settings.topics.ticks.name)
+
+    async def _changelog_failed(
+        self, exc: Exception, writes: list[tuple[bytes, bytes, Any]]
+    ) -> NoReturn:
+        """A batch's changelog records may not all be on the broker: repair and exit after a
+        freeze (streams/fencing.py), else stop the worker with nothing of the batch acked."""
+        if isinstance(exc, FrozenWhileWriting):
+            await self.fence.leave_repairs(writes, exc.stalled_s)
+        log.critical(
+            "a state's changelog record was not delivered (%s: %s): stopping the worker. "
+            "Nothing of this batch is acknowledged; on restart its inputs are redelivered "
+            "and the states written again",
+            type(exc).__name__,
+            exc,
+        )
+        await self.app.crash(exc)
+        raise exc
 
     async def send_ticks(self) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""

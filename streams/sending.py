@@ -20,14 +20,30 @@ Record = tuple[str, int | None, bytes | None, bytes]
 """(topic, partition or None for the key's partition, key, value)."""
 
 
+Sent = list[tuple[str, int, int, Any]]
+"""Record batches handed to the producer: (topic, partition, records, delivery future)."""
+
+
 async def send_all(
     producer: Any, records: Iterable[Record], before_sending: Callable[[], None] = lambda: None
 ) -> dict[tuple[str, int], int]:
     """Send `records` with the aiokafka `producer` and wait until the broker has them all.
 
+    Returns the last offset written per (topic, partition). Raises what a failed delivery
+    raises. `before_sending` as in `hand_over`.
+    """
+    return await acknowledged(await hand_over(producer, records, before_sending))
+
+
+async def hand_over(
+    producer: Any, records: Iterable[Record], before_sending: Callable[[], None] = lambda: None
+) -> Sent:
+    """Hand `records` to the aiokafka `producer` in record batches, without waiting for the
+    broker (`acknowledged` does). Records of one partition go out in the order given, after
+    any handed over earlier.
+
     `before_sending()` runs before each record batch is handed to the producer (a hand-off may
-    yield to the event loop; the fence checks for a freeze there). Returns the last offset
-    written per (topic, partition). Raises what a failed delivery raises.
+    yield to the event loop; the fence checks for a freeze there).
     """
     grouped: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
     choosers: dict[str, Callable[[bytes | None], int]] = {}
@@ -39,9 +55,9 @@ async def send_all(
                 choose = choosers[topic] = await faust_patches.key_partitioner(producer, topic)
             partition = choose(key)
         grouped.setdefault((topic, partition), []).append((key, value))
-    sent: list[tuple[str, int, int, Any]] = []
+    sent: Sent = []
 
-    async def hand_over(topic: str, partition: int, batch: Any, count: int) -> None:
+    async def send_batch(topic: str, partition: int, batch: Any, count: int) -> None:
         before_sending()
         future = await producer.send_batch(batch, topic, partition=partition)
         sent.append((topic, partition, count, future))
@@ -50,11 +66,17 @@ async def send_all(
         batch, count = producer.create_batch(), 0
         for key, value in items:
             if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it
-                await hand_over(topic, partition, batch, count)
+                await send_batch(topic, partition, batch, count)
                 batch, count = producer.create_batch(), 0
                 batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any
             count += 1
-        await hand_over(topic, partition, batch, count)
+        await send_batch(topic, partition, batch, count)
+    return sent
+
+
+async def acknowledged(sent: Sent) -> dict[tuple[str, int], int]:
+    """Wait until the broker has every record batch of `sent`; returns the last offset written
+    per (topic, partition). Raises what a failed delivery raises."""
     last: dict[tuple[str, int], int] = {}
     for topic, partition, count, future in sent:
         metadata = await future  # the batch's base offset: its records follow it in order

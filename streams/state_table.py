@@ -20,7 +20,7 @@ from faust.types import TP
 from schemas.stored import stored_version
 from streams import faust_patches
 from streams.processor import Table
-from streams.sending import send_all
+from streams.sending import Sent, acknowledged, hand_over
 
 log = logging.getLogger("oracular.worker")
 
@@ -74,22 +74,28 @@ class FaustTable(Table):
         producer: Any,
         writes: list[tuple[bytes, bytes, Any]],
         before_sending: Callable[[], None] = lambda: None,
-    ) -> None:
-        """Send the changelog records of values just stored and wait for the broker.
+    ) -> Sent:
+        """Hand the changelog records of values just stored to the producer; returns them for
+        `changelog_acknowledged`, which waits for the broker.
 
         The records go straight to the aiokafka producer in record batches
-        (`streams.sending.send_all`; Faust's per-record `send_soon` path and its per-record
-        callback cost more than the rest of a batch), then each partition's last changelog
-        offset is stored once, as Faust's callback would store it per record: a restart with
-        the datadir kept reads the changelog from there. Raises what a failed delivery raises.
+        (`streams.sending.hand_over`; Faust's per-record `send_soon` path and its per-record
+        callback cost more than the rest of a batch).
         """
         topic = self.changelog_topic
-        last = await send_all(
+        return await hand_over(
             producer,
             [(topic, context.message.partition, key, value) for key, value, context in writes],
             before_sending,
         )
-        for (_, partition), offset in last.items():
+
+    async def changelog_acknowledged(self, sent: Sent) -> None:
+        """Wait until the broker has the records `send_changelog` handed over, then store each
+        partition's last changelog offset once, as Faust's callback would store it per record:
+        a restart with the datadir kept reads the changelog from there. Raises what a failed
+        delivery raises."""
+        topic = self.changelog_topic
+        for (_, partition), offset in (await acknowledged(sent)).items():
             faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 
     def restore_in_full(self, partitions: list[int]) -> None:
