@@ -1,0 +1,197 @@
+"""The worker's batch steps (`streams.app._Runtime.run_batch`) in order, with fakes for Faust's
+app and table and for the producer: outputs delivered, then states stored, then the changelog
+handed over; a batch's inputs are acked only once its changelog is acknowledged, and the next
+batch applies meanwhile but writes nothing before that."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pytest
+from faust.types import TP
+
+from schemas.config import load_config
+from streams import app as app_module
+from streams import faust_patches
+from streams.processor import Processor, Table
+from streams.settings import settings_from_env
+
+from .test_sending import FakeProducer
+
+CONFIG = "examples/oracular.yaml"
+WAIT_S = 10.0  # generous: only a broken ordering waits this long
+
+
+class FakeEvent:
+    """A Faust event as the agent takes it: its message, and `ack` (True the first time)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, value: dict[str, Any]) -> None:
+        self.message = SimpleNamespace(
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            key=value["user"].encode(),
+            value=msgpack.packb(value),
+            timestamp=value["ts"] / 1000,
+            tp=TP(topic, partition),
+        )
+        self.acked = False
+
+    def ack(self) -> bool:
+        first, self.acked = not self.acked, True
+        return first
+
+
+class GatedTable(Table):
+    """The state table: values in a dict; each batch's changelog is acknowledged when the
+    test opens its gate (or fails, when the test says so)."""
+
+    def __init__(self) -> None:
+        self.values: dict[bytes, bytes] = {}
+        self.handed: list[list[bytes]] = []
+        self.gates: list[asyncio.Future[None]] = []
+
+    def get(self, key: bytes, context: Any) -> bytes | None:
+        return self.values.get(key)
+
+    def set(self, key: bytes, value: bytes, context: Any) -> None:
+        self.values[key] = value
+
+    def set_all(self, writes: list[tuple[bytes, bytes, Any]]) -> None:
+        for key, value, context in writes:
+            self.set(key, value, context)
+
+    async def send_changelog(self, producer: Any, writes: Any, before_sending: Any) -> int:
+        before_sending()
+        self.handed.append([key for key, _, _ in writes])
+        self.gates.append(asyncio.get_running_loop().create_future())
+        return len(self.gates) - 1
+
+    async def changelog_acknowledged(self, sent: int) -> None:
+        await self.gates[sent]
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    settings = settings_from_env({})
+    topics = settings.topics
+    producer = FakeProducer(room=1000)
+    crashed: list[BaseException] = []
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    app = SimpleNamespace(
+        consumer_generation_id=1,
+        consumer=SimpleNamespace(_committed_offset={}),
+        producer=SimpleNamespace(_ensure_producer=lambda: producer),
+        sensors=SimpleNamespace(on_message_out=lambda *_: None),
+        crash=crash,
+    )
+
+    async def partitioner(_: Any, topic: str) -> Any:
+        return lambda key: 0
+
+    monkeypatch.setattr(faust_patches, "key_partitioner", partitioner)
+    processor = Processor(
+        load_config(CONFIG), events_topic=topics.events.name, ticks_topic=topics.ticks.name
+    )
+    outputs = {
+        role: name
+        for role, name in (
+            (app_module.PREDICTIONS, topics.predictions.name),
+            (app_module.EPISODES, topics.episodes.name),
+            (app_module.DLQ, topics.dlq.name),
+        )
+    }
+    table = GatedTable()
+    run = app_module._Runtime(app, processor, table, outputs, settings, ticks=None)
+    monkeypatch.setattr(run.positions, "caught_up", lambda partition: False)
+    run.crashed, run.producer = crashed, producer  # for the tests
+    return run
+
+
+def _events(runtime: Any, users: list[str], first_offset: int) -> list[FakeEvent]:
+    topic = runtime.settings.topics.events.name
+    return [
+        FakeEvent(
+            topic,
+            0,
+            first_offset + i,
+            {
+                "user": user,
+                "ts": 1_700_000_000_000 + i,
+                "id": f"e{first_offset + i}",
+                "name": "limit.hit",
+            },
+        )
+        for i, user in enumerate(users)
+    ]
+
+
+async def _until(condition: Any) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def test_inputs_are_acked_once_their_changelog_is_and_the_next_batch_waits_to_write(
+    runtime,
+):
+    table, producer = runtime.table, runtime.producer
+    first = _events(runtime, ["u1", "u2"], 0)
+    await runtime.run_batch(first)
+    assert table.handed == [[b"u1", b"u2"]]  # stored and handed over: outputs came first
+    outputs_of_first = len(producer.batches)
+    assert outputs_of_first > 0
+    assert table.values.keys() == {b"u1", b"u2"}
+    assert not any(event.acked for event in first)  # its changelog is not acknowledged
+
+    second = _events(runtime, ["u1", "u3"], 2)
+    running = asyncio.ensure_future(runtime.run_batch(second))
+    await asyncio.sleep(0.05)  # plenty of loop turns: it applies, then waits for the first
+    assert not running.done()
+    assert len(producer.batches) == outputs_of_first  # nothing of the second sent yet
+    assert len(table.handed) == 1
+
+    table.gates[0].set_result(None)
+    await _until(running.done)
+    await running
+    assert all(event.acked for event in first)
+    assert table.handed[1] == [b"u1", b"u3"]
+    assert len(producer.batches) > outputs_of_first
+    assert not any(event.acked for event in second)
+
+    table.gates[1].set_result(None)
+    await runtime.finished()
+    assert all(event.acked for event in second)
+    # The second batch read u1 as the first left it (from the cache, before the changelog's
+    # acknowledgement): u1's stored state counts both of its inputs.
+    assert runtime.processor.counts["applied"] == 4
+    assert not runtime.crashed
+
+
+async def test_an_undelivered_changelog_stops_the_worker_and_acks_nothing(runtime):
+    table = runtime.table
+    first = _events(runtime, ["u1"], 0)
+    await runtime.run_batch(first)
+    table.gates[0].set_exception(RuntimeError("not delivered"))
+    second = _events(runtime, ["u2"], 1)
+    with pytest.raises(RuntimeError, match="not delivered"):
+        await runtime.run_batch(second)  # it raises before writing anything
+    assert [type(exc) for exc in runtime.crashed] == [RuntimeError]
+    assert not any(event.acked for event in first + second)
+    assert len(table.handed) == 1
+    await runtime.finished()  # nothing is left waiting
+
+
+async def test_the_last_batch_is_acked_without_another_one(runtime):
+    """A quiet stream: the last batch's inputs are acked as soon as its changelog is, not when
+    the next batch comes."""
+    first = _events(runtime, ["u1"], 0)
+    await runtime.run_batch(first)
+    runtime.table.gates[0].set_result(None)
+    await _until(lambda: first[0].acked)
