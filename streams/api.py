@@ -565,9 +565,9 @@ def _unavailable(item: BatchItem, partition: int, reason: str) -> dict[str, Any]
 
 
 class _PartitionEvent:
-    """Stands in for Faust's current event so a table read uses `partition`'s RocksDB."""
+    """Stands in for the event a table read takes its partition from."""
 
-    __slots__ = ("__weakref__", "message")
+    __slots__ = ("message",)
 
     def __init__(self, partition: int) -> None:
         self.message = _PartitionMessage(partition)

@@ -33,11 +33,9 @@ end of this module are the worker's only way to them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Final, NamedTuple, cast
 
 import rocksdict  # the rocksdb:// store's own binding (a dependency)
@@ -46,7 +44,6 @@ from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import ConsumerStoppedError
 from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.structs import TopicPartition
-from faust.streams import _current_event
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as consumer_module
 from faust.transport.consumer import CONSUMER_FETCHING, Consumer
@@ -588,16 +585,6 @@ def _keep_delivered_positions(consumer: Any) -> None:
     consumer._oracular_delivered = kept
 
 
-@contextlib.contextmanager
-def current_event(event: Any) -> Iterator[None]:
-    """Make `event` Faust's current event (Faust picks a table's partition from it)."""
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
-
-
 async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[list[Any]]:
     """Lists of up to `max_` events from an agent's `stream`, for the agent to ack by hand
     (`ack_all`): what `stream.noack_take(max_, within)` yields, read from the stream's buffer
@@ -713,9 +700,14 @@ def open_partitions(table: Any) -> set[int]:
     return set(getattr(table.data, "_dbs", {}))
 
 
-def store_get(table: Any, key: bytes) -> bytes | None:
-    """Read `key` from `table`'s local store (RocksDB), on the current event's partition."""
-    value: bytes | None = table.data.get(key)
+def store_get(table: Any, partition: int, key: bytes) -> bytes | None:
+    """Read `key` from `table`'s local store (RocksDB) of `partition`: one RocksDB read.
+
+    Faust's `table.get(key)` with an event of that partition as the current event reads the
+    same database, but twice for a present key (`in`, then the value) and through its sensors,
+    its key index (a lock) and a KeyError for a missing key: 9 µs against 1 µs for a present
+    key, 5.3 against 0.6 µs for a missing one, per read of a user the cache does not hold."""
+    value: bytes | None = table.data._db_for_partition(partition).get(key)
     return value
 
 

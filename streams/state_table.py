@@ -10,9 +10,8 @@ had lost its partitions can never move a user back.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from faust.types import TP
@@ -25,18 +24,6 @@ from streams.sending import Sent, acknowledged, hand_over
 log = logging.getLogger("oracular.worker")
 
 
-@contextlib.contextmanager
-def on_partition_of(event: Any) -> Iterator[None]:
-    """Make `event` Faust's current event, so table reads and writes use its partition.
-
-    Faust picks a table's RocksDB partition and changelog partition from the current event.
-    Inside a batch that is the batch's last message, not the one whose user is being read or
-    written, so each access names its own message.
-    """
-    with faust_patches.current_event(event):
-        yield
-
-
 class FaustTable(Table):
     """`streams.processor.Table` over a Faust table with bytes keys and values."""
 
@@ -45,10 +32,9 @@ class FaustTable(Table):
         self.table = table
 
     def get(self, key: bytes, context: Any) -> bytes | None:
-        """Read on the partition of `context`."""
-        with on_partition_of(context):
-            value: bytes | None = self.table.get(key)
-            return value
+        """Read on the partition of `context` (a Faust event, or anything with
+        `.message.partition`)."""
+        return faust_patches.store_get(self.table, context.message.partition, key)
 
     def set(self, key: bytes, value: bytes, context: Any) -> None:
         """Write the local store on the partition of `context` (no changelog record: the
@@ -142,8 +128,7 @@ def fence_stale_changelog_records(
                 if where in newest:
                     current = newest[where]
                 else:
-                    with on_partition_of(event):
-                        raw = faust_patches.store_get(table, message.key)
+                    raw = faust_patches.store_get(table, message.partition, message.key)
                     current = None if raw is None else stored_version(raw)
                 if version is not None and current is not None and version < current:
                     skipped += 1

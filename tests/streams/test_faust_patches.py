@@ -14,9 +14,11 @@ be re-read against it. Set ORACULAR_FAUST_UNPATCHED=1 to run the patched tests a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +27,10 @@ from typing import Any, cast
 
 import faust
 import pytest
-import rocksdict
 from aiokafka.consumer.fetcher import Fetcher, FetchResult
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from faust import streams as faust_streams
 from faust.tables.recovery import Recovery
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
@@ -843,19 +845,48 @@ async def test_a_delivery_error_propagates(patched, workers):
         await faust_patches._run_delivery(consumer, fails_after_waiting())
 
 
-def test_store_put_all_writes_one_partitions_database_in_raw_bytes(tmp_path):
-    """The write batch lands in the partition's database as Faust opens it (raw bytes), and
-    only there."""
-    dbs = {
-        p: rocksdict.Rdict(str(tmp_path / str(p)), rocksdict.Options(raw_mode=True)) for p in (0, 1)
-    }
-    table = SimpleNamespace(data=SimpleNamespace(_db_for_partition=dbs.__getitem__))
+def test_store_reads_and_writes_agree_with_fausts_own_on_each_partition(tmp_path):
+    """`store_get` and `store_put_all` use the databases Faust's RocksDB store reads and writes
+    for an event's partition, in the same (raw) bytes: each sees the other's values, on that
+    partition only."""
+    app = faust.App(
+        "store-test",
+        broker="kafka://127.0.0.1:1",  # never started: the store needs no broker
+        store="rocksdb://",
+        datadir=str(tmp_path),
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    table = app.Table("st", key_type=bytes, value_type=bytes, partitions=4)
+    store = table.data
+
+    class Event:  # what Faust takes the partition of a table access from
+        def __init__(self, partition: int) -> None:
+            self.message = SimpleNamespace(partition=partition, topic="in")
+
+    @contextlib.contextmanager
+    def event_of(partition: int) -> Iterator[None]:
+        event = Event(partition)
+        token = faust_streams._current_event.set(weakref.ref(event))
+        try:
+            yield
+        finally:
+            faust_streams._current_event.reset(token)
+
     try:
-        faust_patches.store_put_all(table, 1, [(b"u1", b"\x81\xa1a\x01"), (b"u2", b"")])
-        assert dbs[1][b"u1"] == b"\x81\xa1a\x01" and dbs[1][b"u2"] == b""
-        assert dbs[0].get(b"u1") is None
+        with event_of(2):
+            store[b"u1"] = b"\x81\xa1a\x01"  # Faust's own write, on partition 2
+        assert faust_patches.store_get(table, 2, b"u1") == b"\x81\xa1a\x01"
+        assert faust_patches.store_get(table, 1, b"u1") is None
+        assert faust_patches.store_get(table, 2, b"nobody") is None
+
+        faust_patches.store_put_all(table, 3, [(b"u2", b"\x00v")])
+        with event_of(3):
+            assert store.get(b"u2") == b"\x00v"  # Faust's own read, on partition 3
+        with event_of(0):
+            assert store.get(b"u2") is None
     finally:
-        for db in dbs.values():
+        for db in store._dbs.values():
             db.close()
 
 
