@@ -564,20 +564,6 @@ def _unavailable(item: BatchItem, partition: int, reason: str) -> dict[str, Any]
 # --- the Faust side -----------------------------------------------------------------------
 
 
-class _PartitionEvent:
-    """Stands in for the event a table read takes its partition from."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, partition: int) -> None:
-        self.message = _PartitionMessage(partition)
-
-
-@dataclass(frozen=True, slots=True)
-class _PartitionMessage:
-    partition: int
-
-
 class FaustNode:
     """`Node` over the running Faust app: assignment, table copies, lag, the producer."""
 
@@ -631,8 +617,7 @@ class FaustNode:
         if partition not in faust_patches.open_partitions(self.table):
             msg = f"partition {partition} is not open on this worker (moved away); retry"
             raise ApiError(503, msg, retry_after=RETRY_AFTER_S, partition=partition)
-        value: bytes | None = self.runtime.table.get(key, _PartitionEvent(partition))
-        return value
+        return faust_patches.store_get(self.table, partition, key)
 
     def routing(self) -> dict[str, Any]:
         owners = self._owners()
