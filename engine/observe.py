@@ -40,7 +40,13 @@ def observe_transition(state: EngineState, name: str, at: int) -> Transition:
     """`observe`, also returning the episode that the event's idle gap closed, if any."""
     at = clamp_time(state, at)
     timed_out = close_timed_out(state, at)
-    state = settle(timed_out.state, at)
+    return observe_settled(settle(timed_out.state, at), name, at, timed_out)
+
+
+def observe_settled(state: EngineState, name: str, at: int, timed_out: Transition) -> Transition:
+    """Step 3 of `observe_transition`, on `state` already brought to `at` (steps 1 and 2:
+    `timed_out` closed the episode that timed out, and held episodes are settled), with `at`
+    no earlier than the state's clock. For a caller that reads the state as of `at` too."""
     episode = state.episode
     started = episode.started_at if episode.started_at is not None else at
     config = state.config

@@ -128,6 +128,18 @@ def predict_many(
     }
 
 
+def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[str, Prediction]:
+    """`predict_many(state, at, intents)` given `view = as_of(state, at)` already, with `at`
+    no earlier than the state's clock: for a caller that brought the state to `at` anyway.
+
+    Raises:
+        UnknownIntentError: if the config does not declare one of `intents`.
+    """
+    return {
+        name: _prediction(view.intents[name], _intent_config(view, name), at) for name in intents
+    }
+
+
 def should_reveal(state: EngineState, intent: str, at: int) -> bool:
     """True when the intent's prompt should be shown now (`predict(...).reveal`)."""
     return predict(state, intent, at).reveal

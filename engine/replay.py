@@ -12,10 +12,17 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from engine.config import EngineConfig
-from engine.episodes import ClosedEpisode, clamp_time, close_if_due, end_episode_transition
+from engine.episodes import (
+    ClosedEpisode,
+    clamp_time,
+    close_if_due,
+    close_timed_out,
+    end_episode_transition,
+    settle,
+)
 from engine.errors import InvalidEventError
-from engine.observe import observe_transition
-from engine.predict import Prediction, mark_revealed, predict
+from engine.observe import observe_settled
+from engine.predict import Prediction, mark_revealed, predict_many, predict_settled
 from engine.state import EngineState, create_state
 
 EventType = Literal["event", "end", "revealed"]
@@ -80,27 +87,35 @@ def apply_event(state: EngineState, event: Event) -> Step:
             msg = "a revealed command needs the intent that was shown"
             raise InvalidEventError(msg)
         after = mark_revealed(state, event.intent, at)
-        return Step(event, at, after, _changed(state, after, (event.intent,), at))
+        touched: tuple[str, ...] = (event.intent,)
+        return Step(event, at, after, _changed(_predictions(state, touched, at), after, at))
     if event.name is None:
         msg = "an event needs a name"
         raise InvalidEventError(msg)
     outcome_of = config.outcome_index.get(event.name, ())
-    touched = (*outcome_of, *config.signal_index.get(event.name, ()))
-    wiped = {name: predict(state, name, at) for name in outcome_of}
-    transition = observe_transition(state, event.name, at)
-    predictions = _changed(state, transition.state, touched, at)
+    touched = tuple(dict.fromkeys((*outcome_of, *config.signal_index.get(event.name, ()))))
+    # The state as of `at` is both what the predictions before the event are read from and
+    # what the event applies to: brought there once (an idle gap's close is the costly part).
+    timed_out = close_timed_out(state, at)
+    view = settle(timed_out.state, at)
+    before = predict_settled(view, at, touched)
+    wiped = {name: before[name] for name in outcome_of}
+    transition = observe_settled(view, event.name, at, timed_out)
+    predictions = _changed(before, transition.state, at)
     return Step(event, at, transition.state, predictions, transition.closed, wiped)
 
 
+def _predictions(state: EngineState, intents: tuple[str, ...], at: int) -> dict[str, Prediction]:
+    """`predict` of each of `intents` at `at` (the state brought to `at` once for all)."""
+    return predict_many(state, at, intents) if intents else {}
+
+
 def _changed(
-    before: EngineState, after: EngineState, intents: Iterable[str], at: int
+    before: Mapping[str, Prediction], after: EngineState, at: int
 ) -> dict[str, Prediction]:
-    changed = {}
-    for name in dict.fromkeys(intents):  # de-duplicated, order kept
-        new = predict(after, name, at)
-        if new != predict(before, name, at):
-            changed[name] = new
-    return changed
+    """The intents of `before` whose prediction at `at` differs in `after`."""
+    now = _predictions(after, tuple(before), at)
+    return {name: new for name, new in now.items() if new != before[name]}
 
 
 class Replayer:

@@ -65,11 +65,12 @@ def state_to_record(state: EngineState, *, include_config: bool = True) -> Recor
         state.clock,
         state.episode.started_at,
         state.episode.last_event_at,
-        {name: _intent_to_record(intent) for name, intent in state.intents.items()},
+        {name: intent_to_record(intent) for name, intent in state.intents.items()},
     ]
 
 
-def _intent_to_record(intent: IntentState) -> list[Any]:
+def intent_to_record(intent: IntentState) -> list[Any]:
+    """One intent's part of `state_to_record` (the value under its name)."""
     return [
         _counts(intent.episodes),
         {name: _counts(record) for name, record in intent.learned.items()},

@@ -494,6 +494,7 @@ class Processor:
             episodes,
             user_clock,
             user.timer_close if event.type == "revealed" else None,
+            packed=user.packed,
         )
         slot.context = message.context
         slot.dirty = True
@@ -616,6 +617,7 @@ class Processor:
                 user.clock,
                 transition.closed.closed_at,
                 message.offset if message.topic == self.ticks_topic else None,
+                packed=user.packed,
             )
             slot.context = message.context
             slot.dirty = True
