@@ -264,12 +264,18 @@ class _Runtime:
         except Exception as exc:
             await self._changelog_failed(exc, writes)
         self._finishing = asyncio.ensure_future(
-            self._finish(events, sent, writes, messages, dict(self.processor.next_offset))
+            self._finish(events, sent, writes, messages, self._handled_offsets())
         )
         clock.lap("states")
         if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
             await self.tick_again()
         clock.report(len(messages), len(batch.outputs), len(writes))
+
+    def _handled_offsets(self) -> dict[int, int]:
+        """What a backfill's progress and end are judged by, as of this batch."""
+        if self.backfill is None:
+            return {}  # unused
+        return self.positions.handled_offsets()
 
     async def finished(self) -> None:
         """Wait until the last batch's changelog is acknowledged and its events acked (raises

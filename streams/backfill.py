@@ -12,6 +12,7 @@ derive from the events, so running the same backfill twice gives identical ids.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from streams.admin import BrokerError, quiet_aiokafka
@@ -50,6 +52,12 @@ class Backfill:
     deleted: dict[int, int] = field(default_factory=dict)
     """Partition -> its log start, where the broker deleted the input up to the stop offset
     before it was read (retention): nothing is left there to handle."""
+    owned: Callable[[], set[int]] | None = None
+    """In one of several processes (`oracular backfill --processes`): the input partitions
+    this process owns now (empty while a rebalance is under way). `done()` is then called
+    once every partition it owns is finished, not every partition: the others are the other
+    processes' (and one that leaves hands its finished partitions to them, which finish them
+    again at once)."""
 
     def caught_up(self, partition: int, next_offset: Mapping[int, int]) -> bool:
         """True when `partition` is handled up to its stop offset, or what is left of it was
@@ -96,7 +104,8 @@ class Backfill:
         for message in batch:
             if message.topic == ticks_topic and self.caught_up(message.partition, next_offset):
                 self.finished.add(message.partition)
-        if not self.reached and self.finished >= self.stop.keys():
+        required = self.stop.keys() if self.owned is None else self.owned()
+        if not self.reached and required and self.finished >= required:
             self.reached = True
             self.done()
 
@@ -112,6 +121,40 @@ class Range:
     def total(self) -> int:
         """Messages to handle."""
         return sum(max(self.stop[p] - self.start[p], 0) for p in self.stop)
+
+    def handled(self, committed: Mapping[int, int]) -> int:
+        """Messages handled, given the consumer group's committed offsets."""
+        return sum(
+            min(max(committed.get(p, start) - start, 0), max(self.stop[p] - start, 0))
+            for p, start in self.start.items()
+        )
+
+    def to_json(self) -> str:
+        """The range as JSON (handed to the processes of a parallel backfill)."""
+        return json.dumps({"start": self.start, "stop": self.stop})
+
+    @classmethod
+    def from_json(cls, text: str) -> Range:
+        """The range `to_json` wrote."""
+        value = json.loads(text)
+        return cls(
+            {int(p): int(o) for p, o in value["start"].items()},
+            {int(p): int(o) for p, o in value["stop"].items()},
+        )
+
+
+async def committed_offsets(
+    bootstrap: str, group: str, topic: str, client: Mapping[str, Any] | None = None
+) -> dict[int, int]:
+    """The consumer group's committed offsets of `topic` (partition -> offset)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(client or {}))
+    try:
+        with quiet_aiokafka():
+            await admin.start()
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
 
 
 async def capture_range(

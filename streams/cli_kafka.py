@@ -102,6 +102,16 @@ def _add_backfill(commands: Any) -> None:
         help="publish to <output topic><suffix> instead of the normal outputs",
     )
     backfill.add_argument("--loglevel", default="warning", help="Faust log level (warning)")
+    backfill.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N processes of the backfill's app id (one core each; datadir DATADIR/p<i>; "
+        "at most the partition count)",
+    )
+    # One process of a parallel backfill: the range its parent captured (JSON). Internal.
+    backfill.add_argument("--part-of", help=argparse.SUPPRESS)
     backfill.set_defaults(run=run_backfill)
 
 
@@ -243,7 +253,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     import time
 
     from streams.app import create_app
-    from streams.backfill import Backfill
+    from streams.backfill import Backfill, Range
 
     try:
         settings, since = _backfill_settings(args)
@@ -251,14 +261,30 @@ def run_backfill(args: argparse.Namespace) -> int:
         print(f"oracular backfill: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config = load_config(settings.config_path)
-    span = _prepare_backfill(settings, since)
+    partitions = settings.topics.events.partitions
+    if not 1 <= args.processes <= partitions:
+        print(
+            f"oracular backfill: --processes must be between 1 and the {partitions} input "
+            f"partitions (got {args.processes})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.part_of is None:
+        span = _prepare_backfill(settings, since)
+        if args.processes > 1:
+            return _backfill_processes(args, settings, span)
+    else:
+        span = Range.from_json(args.part_of)
     started = time.monotonic()
-    progress = Progress("backfill", total=span.total, unit="messages")
+    one_of_many = args.part_of is not None
+    events_topic = settings.topics.events.name
     plan = Backfill(
         dict(span.start),
         dict(span.stop),
         done=lambda: os.kill(os.getpid(), signal.SIGTERM),  # the worker's graceful shutdown
-        progress=progress,
+        # One of several processes: the parent prints the progress of them all.
+        progress=None if one_of_many else Progress("backfill", total=span.total, unit="messages"),
+        owned=(lambda: _owned(app, events_topic)) if one_of_many else None,
     )
     use_fast_event_loop()
     app = create_app(settings, config, backfill=plan)
@@ -269,6 +295,8 @@ def run_backfill(args: argparse.Namespace) -> int:
     rate = processor.handled() / max(elapsed, 1e-9)
     summary = processor.summary(", ")
     status = "complete" if plan.reached else "INTERRUPTED before the end"
+    if one_of_many:
+        status += " (one process of several)"
     print(
         f"backfill {settings.app_id} {status}: {summary} in {elapsed:.1f} s "
         f"({rate:,.0f} messages/s)",
@@ -283,6 +311,62 @@ def run_backfill(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0 if plan.reached else 1
+
+
+def _owned(app: Any, topic: str) -> set[int]:
+    """The input partitions `app` owns now; none while a rebalance is under way."""
+    if app.rebalancing:
+        return set()
+    return {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+
+
+def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> int:
+    """`oracular backfill --processes N`: N processes of the backfill's app id over the range
+    captured here, each with its own datadir; progress from the group's committed offsets."""
+    import time
+
+    from streams.backfill import committed_offsets
+    from streams.kafkatools import run
+    from streams.processes import child_environments, main_env, run_processes
+    from streams.settings import as_environment, flag_values
+
+    env = {**main_env(), **as_environment(flag_values(args))}
+    environments = child_environments(args.processes, env, settings.state_dir)
+    argv = ["--loglevel", args.loglevel, "--app-id", settings.app_id]
+    argv += ["--output-suffix", args.output_suffix, "--part-of", span.to_json()]
+    progress = Progress("backfill", total=span.total, unit="messages")
+    client = settings.client_kwargs()
+    events_topic = settings.topics.events.name
+    started = time.monotonic()
+    polled = [started]
+
+    def watch() -> None:
+        now = time.monotonic()
+        if now - polled[0] < PARALLEL_PROGRESS_S:
+            return
+        polled[0] = now
+        try:
+            offsets = run(committed_offsets(settings.broker, settings.app_id, events_topic, client))
+        except Exception:  # progress only: the processes report real failures themselves
+            return
+        if offsets is None:  # interrupted
+            return
+        handled = span.handled(offsets)
+        progress.advance(handled, count=handled - progress.done)
+
+    code = run_processes(argv, environments, command="backfill", watch=watch)
+    elapsed = time.monotonic() - started
+    status = "complete" if code == 0 else f"FAILED (exit {code})"
+    print(
+        f"backfill {settings.app_id} {status}: {span.total:,} messages in {args.processes} "
+        f"processes in {elapsed:.1f} s ({span.total / max(elapsed, 1e-9):,.0f} messages/s)",
+        file=sys.stderr,
+    )
+    return code
+
+
+PARALLEL_PROGRESS_S = 5.0
+"""How often a parallel backfill's parent reads the group's committed offsets for progress."""
 
 
 def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:

@@ -42,6 +42,19 @@ class Positions:
                 if offset is not None:
                     self.processor.expect(message.partition, offset)
 
+    def handled_offsets(self) -> dict[int, int]:
+        """Partition -> the next input offset to handle: the processor's, or where nothing
+        was handled since this worker took the partition, its committed offset (a partition
+        taken over from another process of a parallel backfill may have nothing left)."""
+        offsets = dict(self.processor.next_offset)
+        consumer = self.app.consumer
+        for tp in consumer.assignment():
+            if tp.topic == self.events_topic and tp.partition not in offsets:
+                committed = faust_patches.committed_offset(consumer, tp)
+                if committed is not None:
+                    offsets[tp.partition] = committed
+        return offsets
+
     def caught_up(self, partition: int) -> bool:
         """True when every input message of `partition` up to its end offset is handled.
 
@@ -51,7 +64,7 @@ class Positions:
         caught up once the consumer has read past them and everything delivered is handled.
         """
         if self.backfill is not None:
-            return self.backfill.caught_up(partition, self.processor.next_offset)
+            return self.backfill.caught_up(partition, self.handled_offsets())
         tp = TP(self.events_topic, partition)
         consumer = self.app.consumer
         end = faust_patches.end_offset(consumer, tp)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 STOP_TIMEOUT_S = 30.0
@@ -44,11 +44,17 @@ def child_environments(
     return children
 
 
-def run_processes(argv: Sequence[str], environments: Sequence[Mapping[str, str]]) -> int:
-    """Start one `oracular worker` per environment with `argv`; supervise until they end."""
+def run_processes(
+    argv: Sequence[str],
+    environments: Sequence[Mapping[str, str]],
+    command: str = "worker",
+    watch: Callable[[], None] | None = None,
+) -> int:
+    """Start one `oracular <command>` per environment with `argv`; supervise until they end
+    (calling `watch()` every few tenths of a second meanwhile)."""
     children = [
         subprocess.Popen(
-            _dying_with_parent([sys.executable, "-m", "streams.cli", "worker", *argv]),
+            _dying_with_parent([sys.executable, "-m", "streams.cli", command, *argv]),
             env=dict(env),
         )
         for env in environments
@@ -65,7 +71,7 @@ def run_processes(argv: Sequence[str], environments: Sequence[Mapping[str, str]]
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward)
     print(
-        f"oracular worker: {len(children)} processes, pids "
+        f"oracular {command}: {len(children)} processes, pids "
         f"{', '.join(str(c.pid) for c in children)} (datadirs "
         f"{', '.join(e['ORACULAR_DATADIR'] for e in environments)})",
         file=sys.stderr,
@@ -80,13 +86,15 @@ def run_processes(argv: Sequence[str], environments: Sequence[Mapping[str, str]]
                 continue
             running.discard(i)
             if status != 0 and not stopping:
-                print(f"oracular worker: process {i} exited with {status}", file=sys.stderr)
+                print(f"oracular {command}: process {i} exited with {status}", file=sys.stderr)
             code = code or status
         if stopping and deadline is None:
             deadline = time.monotonic() + STOP_TIMEOUT_S
         if deadline is not None and time.monotonic() > deadline:
             for i in running:
                 children[i].kill()
+        if watch is not None and not stopping:
+            watch()
         time.sleep(0.2)
     return code if code >= 0 else 128 - code
 

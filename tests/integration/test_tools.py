@@ -135,6 +135,39 @@ def test_backfill_equals_replay_and_is_repeatable(kafka, name, tmp_path):
     assert runs[1] == runs[0]
 
 
+def test_a_backfill_in_two_processes_equals_the_replay(kafka, name, tmp_path):
+    """`--processes 2`: two processes of one app id share the partitions, each ends once the
+    partitions it owns are done (one that ends first hands its finished partitions to the
+    other), and together they publish exactly the replay's outputs."""
+    prefix = name("bfp")
+    config, events = _events()
+    asyncio.run(_setup(kafka, prefix, events))
+    expected = _expected(config, events)
+    env = _env(kafka, prefix, tmp_path)
+    done = _oracular(
+        env,
+        "backfill",
+        "--config",
+        str(CONFIG),
+        "--app-id",
+        f"{prefix}-app",
+        "--output-suffix",
+        ".bf",
+        "--processes",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "oracular backfill: 2 processes" in done.stderr
+    assert f"backfill {prefix}-app complete: 600 messages in 2 processes" in done.stderr
+    outputs = [f"{prefix}.predictions.bf", f"{prefix}.episodes.bf"]
+    assert asyncio.run(_outputs(kafka, outputs, len(expected))) == expected
+    assert (tmp_path / "state" / "p0").is_dir() and (tmp_path / "state" / "p1").is_dir()
+    assert done.stderr.count("complete (one process of several): applied=") == 2
+    too_many = _oracular(env, "backfill", "--config", str(CONFIG), "--processes", "5")
+    assert too_many.returncode == 2  # usage
+    assert "--processes must be between 1 and the 4 input partitions (got 5)" in too_many.stderr
+
+
 def test_backfill_since_starts_at_that_time_and_refuses_a_used_app_id(kafka, name, tmp_path):
     """--since skips earlier events; an app id that already has state is refused."""
     prefix = name("since")

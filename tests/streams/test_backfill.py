@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from streams.backfill import Backfill
+from streams.backfill import Backfill, Range
 from streams.processor import InMessage
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
@@ -54,3 +54,45 @@ def test_input_still_there_below_the_stop_is_waited_for(log_start, caplog):
     run.note_log_starts({1: log_start}, handled)
     run.advance([_tick(0), _tick(1)], handled, TICKS)
     assert ended == [] and run.behind(handled) == [1] and not caplog.records
+
+
+def test_one_process_of_several_ends_once_the_partitions_it_owns_are_done():
+    """`--processes`: a process owning partition 0 only ends when 0 is done, whatever 1 is;
+    while a rebalance is under way (it owns nothing) it does not end."""
+    ended: list[str] = []
+    owned: set[int] = set()
+    run = Backfill(
+        start={0: 0, 1: 0},
+        stop={0: 100, 1: 50},
+        done=lambda: ended.append("done"),
+        owned=lambda: owned,
+    )
+    handled = {0: 100}
+    run.advance([_tick(0)], handled, TICKS)  # partition 0 done (caught up, then a tick) ...
+    assert ended == []  # ... but while it owns nothing (a rebalance) it never ends
+    owned.add(0)
+    run.advance([_tick(1)], handled, TICKS)  # 1 is far behind, but another process's
+    assert ended == ["done"]
+
+
+def test_owning_an_unfinished_partition_keeps_a_process_running():
+    ended: list[str] = []
+    run = Backfill(
+        start={0: 0, 1: 0},
+        stop={0: 100, 1: 50},
+        done=lambda: ended.append("done"),
+        owned=lambda: {0, 1},
+    )
+    run.advance([_tick(0), _tick(1)], {0: 100, 1: 49}, TICKS)
+    assert ended == []
+    run.advance([_tick(1)], {0: 100, 1: 50}, TICKS)
+    assert ended == ["done"]
+
+
+def test_a_range_survives_json_and_counts_handled_messages_from_committed_offsets():
+    span = Range(start={0: 10, 1: 0, 2: 5}, stop={0: 110, 1: 50, 2: 5})
+    assert Range.from_json(span.to_json()) == span
+    assert span.total == 150
+    assert span.handled({}) == 0
+    assert span.handled({0: 60, 1: 50}) == 100
+    assert span.handled({0: 500, 1: 0, 2: 9}) == 100  # never past a partition's stop
