@@ -56,8 +56,7 @@ class Backfill:
     """In one of several processes (`oracular backfill --processes`): the input partitions
     this process owns now (empty while a rebalance is under way). `done()` is then called
     once every partition it owns is finished, not every partition: the others are the other
-    processes' (and one that leaves hands its finished partitions to them, which finish them
-    again at once)."""
+    processes' (their parent stops them all once each has called it)."""
 
     def caught_up(self, partition: int, next_offset: Mapping[int, int]) -> bool:
         """True when `partition` is handled up to its stop offset, or what is left of it was

@@ -281,7 +281,12 @@ def run_backfill(args: argparse.Namespace) -> int:
     plan = Backfill(
         dict(span.start),
         dict(span.stop),
-        done=lambda: os.kill(os.getpid(), signal.SIGTERM),  # the worker's graceful shutdown
+        # SIGTERM: the worker's graceful shutdown. One of several processes only says it is
+        # done and goes on until its parent stops them all: one that left early would make
+        # the others restore its partitions (all of their state) before they could go on.
+        done=(lambda: finished_marker(settings.state_dir).touch())
+        if one_of_many
+        else (lambda: os.kill(os.getpid(), signal.SIGTERM)),
         # One of several processes: the parent prints the progress of them all.
         progress=None if one_of_many else Progress("backfill", total=span.total, unit="messages"),
         owned=(lambda: _owned(app, events_topic)) if one_of_many else None,
@@ -340,7 +345,7 @@ def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> i
     started = time.monotonic()
     polled = [started]
 
-    def watch() -> None:
+    def show_progress() -> None:
         now = time.monotonic()
         if now - polled[0] < PARALLEL_PROGRESS_S:
             return
@@ -354,6 +359,14 @@ def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> i
         handled = span.handled(offsets)
         progress.advance(handled, count=handled - progress.done)
 
+    markers = [finished_marker(Path(e["ORACULAR_DATADIR"])) for e in environments]
+    for marker in markers:
+        marker.unlink(missing_ok=True)
+
+    def watch(running: set[int]) -> bool:
+        show_progress()
+        return all(markers[i].exists() for i in running)
+
     code = run_processes(argv, environments, command="backfill", watch=watch)
     elapsed = time.monotonic() - started
     status = "complete" if code == 0 else f"FAILED (exit {code})"
@@ -363,6 +376,12 @@ def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> i
         file=sys.stderr,
     )
     return code
+
+
+def finished_marker(state_dir: Path) -> Path:
+    """The file one process of a parallel backfill creates in its datadir once the partitions
+    it owns are done; the parent stops them all when every running one has."""
+    return state_dir / "backfill-finished"
 
 
 PARALLEL_PROGRESS_S = 5.0

@@ -48,10 +48,12 @@ def run_processes(
     argv: Sequence[str],
     environments: Sequence[Mapping[str, str]],
     command: str = "worker",
-    watch: Callable[[], None] | None = None,
+    watch: Callable[[set[int]], bool] | None = None,
 ) -> int:
-    """Start one `oracular <command>` per environment with `argv`; supervise until they end
-    (calling `watch()` every few tenths of a second meanwhile)."""
+    """Start one `oracular <command>` per environment with `argv`; supervise until they end.
+
+    `watch(running)` is called every few tenths of a second with the indexes of the children
+    still running; when it returns True, they are stopped as on SIGTERM."""
     children = [
         subprocess.Popen(
             _dying_with_parent([sys.executable, "-m", "streams.cli", command, *argv]),
@@ -93,8 +95,8 @@ def run_processes(
         if deadline is not None and time.monotonic() > deadline:
             for i in running:
                 children[i].kill()
-        if watch is not None and not stopping:
-            watch()
+        if watch is not None and not stopping and running and watch(running):
+            forward(signal.SIGTERM, None)
         time.sleep(0.2)
     return code if code >= 0 else 128 - code
 

@@ -136,9 +136,9 @@ def test_backfill_equals_replay_and_is_repeatable(kafka, name, tmp_path):
 
 
 def test_a_backfill_in_two_processes_equals_the_replay(kafka, name, tmp_path):
-    """`--processes 2`: two processes of one app id share the partitions, each ends once the
-    partitions it owns are done (one that ends first hands its finished partitions to the
-    other), and together they publish exactly the replay's outputs."""
+    """`--processes 2`: two processes of one app id share the partitions, the parent stops
+    them once each has done the partitions it owns, and together they publish exactly the
+    replay's outputs."""
     prefix = name("bfp")
     config, events = _events()
     asyncio.run(_setup(kafka, prefix, events))
