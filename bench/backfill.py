@@ -24,8 +24,10 @@ Command (the figures in BENCHMARKS.md): `python -m bench.backfill` (1,000,000 ev
 5. `oracular backfill --config examples/oracular.yaml` over that topic, a fresh app id and
    datadir: its own rate (handled input messages over the time from after it captured the
    topic's range to the end of the Faust worker, so Faust's start and stop are inside) and the
-   bench's wall time (process start to exit). `oracular backfill` has no `--processes` (only
-   `oracular worker` has), so there is no scale-out row. A watchdog reads the backfill's
+   bench's wall time (process start to exit). Then the same with `--processes N` (`--processes`,
+   default 2; 1 skips it) under another app id, datadir and output suffix: its own rate is the
+   parent's (messages over its time from starting the processes to their end), its counts the
+   sum of the processes' summaries. A watchdog reads the backfill's
    committed input offsets every POLL_S; when they stay put for `--stall-s` (120 s) it stops
    the backfill with SIGTERM (it then prints its summary, "INTERRUPTED") and reports STALLED.
 6. The counts are checked against each other: applied events (backfill summary, replay
@@ -81,6 +83,16 @@ POLL_S = 10.0
 BACKFILL_LINE = re.compile(
     r"^backfill (\S+) (complete|INTERRUPTED before the end): (.*) in ([\d.]+) s "
     r"\(([\d,]+) messages/s\)$",
+    re.MULTILINE,
+)
+PART_LINE = re.compile(
+    r"^backfill (\S+) complete \(one process of several\): (.*) in ([\d.]+) s "
+    r"\(([\d,]+) messages/s\)$",
+    re.MULTILINE,
+)
+PARALLEL_LINE = re.compile(
+    r"^backfill (\S+) (complete|FAILED[^:]*): ([\d,]+) messages in (\d+) processes in "
+    r"([\d.]+) s \(([\d,]+) messages/s\)$",
     re.MULTILINE,
 )
 WATERMARK_LINE = re.compile(r"^backfill final watermark: (\d+) \.\. (\d+)", re.MULTILINE)
@@ -220,17 +232,25 @@ async def watch(
 
 
 async def backfill(
-    env: dict[str, str], logs: Path, topics: Any, args: argparse.Namespace
+    env: dict[str, str], logs: Path, topics: Any, args: argparse.Namespace, processes: int = 1
 ) -> tuple[Run, int | None]:
-    """`oracular backfill`: its figures and its final watermark (the minimum over partitions).
-    Stopped, and marked `stalled`, when its committed input offsets stop moving."""
+    """`oracular backfill [--processes N]`: its figures and its final watermark (the minimum
+    over partitions). Stopped, and marked `stalled`, when its committed input offsets stop
+    moving."""
     app_id = f"{env['ORACULAR_TOPIC_PREFIX']}-backfill"
-    args_ = ["backfill", "--config", str(CONFIG), "--app-id", app_id]
+    suffix = ""
+    args_ = ["backfill", "--config", str(CONFIG)]
+    if processes > 1:
+        app_id, suffix = f"{app_id}-p{processes}", f".p{processes}"
+        env = {**env, "ORACULAR_DATADIR": env["ORACULAR_DATADIR"] + suffix}
+        args_ += ["--processes", str(processes), "--output-suffix", suffix]
+    args_ += ["--app-id", app_id]
     if args.backfill_loglevel:
         args_ += ["--loglevel", args.backfill_loglevel]
-    run = Run("oracular backfill", "oracular " + " ".join(args_).replace(str(ROOT) + "/", ""))
+    label = "oracular backfill" + (f" --processes {processes}" if processes > 1 else "")
+    run = Run(label, "oracular " + " ".join(args_).replace(str(ROOT) + "/", ""))
     run.load_before = load()
-    process = cli("backfill", args_, env, logs)
+    process = cli(f"backfill{suffix}", args_, env, logs)
     watchdog = None
     try:
         started = time.monotonic()
@@ -247,25 +267,43 @@ async def backfill(
             watchdog.cancel()
     log = process.log_text(current_run_only=True)
     run.load_after = load()
-    found = BACKFILL_LINE.search(log)
-    if found is None or (code != 0 and not run.stalled):
-        msg = f"oracular backfill exited {code}; log {logs / 'backfill.log'}:\n{log[-3000:]}"
-        raise RuntimeError(msg)
-    run.counts = pairs(found.group(3), "=")
-    run.own_s, run.own_rate = float(found.group(4)), float(found.group(5).replace(",", ""))
+    if processes > 1:
+        _parallel_figures(run, log, code, logs / f"backfill{suffix}.log")
+    else:
+        found = BACKFILL_LINE.search(log)
+        if found is None or (code != 0 and not run.stalled):
+            msg = f"oracular backfill exited {code}; log {logs / 'backfill.log'}:\n{log[-3000:]}"
+            raise RuntimeError(msg)
+        run.counts = pairs(found.group(3), "=")
+        run.own_s, run.own_rate = float(found.group(4)), float(found.group(5).replace(",", ""))
     for role in ("predictions", "episodes", "dlq"):
-        run.outputs[role] = await end_offsets(bootstrap, getattr(topics, role).name)
+        run.outputs[role] = await end_offsets(bootstrap, getattr(topics, role).name + suffix)
     if OUT_OF_RANGE.search(log):  # aiokafka logs it at info: seen with --backfill-loglevel info
         run.note = "its fetch offsets went out of range: input deleted under it; "
-    marks = WATERMARK_LINE.search(log)
+    marks = WATERMARK_LINE.findall(log)  # one per process
     watermark = None
-    if marks is not None:
-        low, high = int(marks.group(1)), int(marks.group(2))
+    if marks:
+        low, high = min(int(m[0]) for m in marks), max(int(m[1]) for m in marks)
         watermark = low
         run.note += f"final watermark {low}..{high} epoch ms"
         if low != high:
             run.note += " (per partition: each one's last tick)"
     return run, watermark
+
+
+def _parallel_figures(run: Run, log: str, code: int, log_path: Path) -> None:
+    """A parallel backfill's figures: the parent's rate and time, the processes' counts."""
+    found = PARALLEL_LINE.search(log)
+    parts = PART_LINE.findall(log)
+    if found is None or not parts or (code != 0 and not run.stalled):
+        msg = f"oracular backfill exited {code}; log {log_path}:\n{log[-3000:]}"
+        raise RuntimeError(msg)
+    run.own_s, run.own_rate = float(found.group(5)), float(found.group(6).replace(",", ""))
+    counts: dict[str, int] = {}
+    for part in parts:
+        for name, value in pairs(part[1], "=").items():
+            counts[name] = counts.get(name, 0) + value
+    run.counts = counts
 
 
 async def replay(path: Path, env: dict[str, str], logs: Path, out: Path) -> Run:
@@ -345,8 +383,9 @@ def section(args: argparse.Namespace, facts: dict[str, Any], runs: list[Run]) ->
         f"Input: {args.events:,} msgpack events over {expected['users']:,} users "
         f"(`bench/synthetic.py` `clickstream`, seed {SEED}), {facts['file_mb']:.0f} MB, put on "
         f"the input topic ({PARTITIONS} partitions, keyed by user) by `oracular produce` in "
-        f"{facts['produce_s']:.1f} s before the backfill started. `oracular backfill` has no "
-        "`--processes` option (only `oracular worker` has one), so there is one backfill row.",
+        f"{facts['produce_s']:.1f} s before the backfill started. The `--processes` row has "
+        "its own app id, datadir and output topics (suffix); its counts are the sum of its "
+        "processes' summaries.",
         f"Outputs: {expected['predictions']:,} predictions and {expected['episodes']:,} "
         "episodes (`engine.Replayer` in the bench, closing by the backfill's final watermark: "
         "the later of a partition's newest event time and the wall clock, minus the lateness; "
@@ -367,7 +406,9 @@ def section(args: argparse.Namespace, facts: dict[str, Any], runs: list[Run]) ->
         "How it is measured: `bench/backfill.py` (module docstring). Events/s (own report) is "
         "the rate each command prints when it finishes: backfill, handled input messages over "
         "the time from after it captured the topic's range to the end of the Faust worker "
-        "(Faust's start, the consumer group join and the shutdown included); replay, handled "
+        "(Faust's start, the consumer group join and the shutdown included; with "
+        "`--processes`, all messages over the time from starting the processes to their end); "
+        "replay, handled "
         "events over reading the file, the engine and writing the JSON lines. Wall time is the "
         "bench's, from starting the process to its exit (the interpreter's start and imports "
         "included); events/s (wall) is events over it. One run each.",
@@ -422,23 +463,31 @@ async def measure(
     run_replay = await replay(path, env, logs, base / "replay.jsonl")
     say(f"replay: {run_replay}")
 
-    say("oracular backfill")
-    run_backfill, watermark = await backfill(env, logs, topics, args)
-    say(f"backfill: {run_backfill}")
-    until = watermark if watermark is not None else END_OF_TIME
-    expected["episodes"] = expected["episodes by events"] + sum(
-        1 for _ in replayer.close_due(until)
-    )
+    backfills = []
+    for processes in sorted({1, args.processes}):
+        say(f"oracular backfill --processes {processes}")
+        run_backfill, watermark = await backfill(env, logs, topics, args, processes)
+        say(f"backfill: {run_backfill}")
+        backfills.append((run_backfill, watermark))
+    # Episodes closed by each backfill's final watermark (the later run's is later: the wall
+    # clock); the replayer closes them in order, so each run's count is the one before plus.
+    problems = []
+    closed = 0
+    for run_backfill, watermark in backfills:
+        until = watermark if watermark is not None else END_OF_TIME
+        closed += sum(1 for _ in replayer.close_due(until))
+        expected["episodes"] = expected["episodes by events"] + closed
+        problems += compare(expected, [run_backfill])
+        if run_backfill.stalled:
+            problems.insert(0, f"{run_backfill.label} STALLED: {run_backfill.stalled}")
+        if run_backfill.note.startswith("its fetch offsets went out of range"):
+            problems.insert(0, f"{run_backfill.label}: " + run_backfill.note.rstrip("; "))
+    problems += compare(expected, [run_replay])
     # What `oracular replay` without --until closes on top (its default: the end of time).
     later = sum(1 for _ in replayer.close_due(END_OF_TIME))
     del replayer
-    runs = [run_backfill, run_replay]
+    runs = [*(run for run, _ in backfills), run_replay]
 
-    problems = compare(expected, runs)
-    if run_backfill.stalled:
-        problems.insert(0, f"oracular backfill STALLED: {run_backfill.stalled}")
-    if run_backfill.note.startswith("its fetch offsets went out of range"):
-        problems.insert(0, "oracular backfill: " + run_backfill.note.rstrip("; "))
     if later:
         problems.append(
             f"{later:,} episodes are due only after the backfill's final watermark "
@@ -500,6 +549,12 @@ def main() -> int:
         type=float,
         default=120.0,
         help="stop the backfill when its committed input offsets stay put this long",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="also backfill with --processes N (1: only the one-process backfill)",
     )
     parser.add_argument(
         "--backfill-loglevel", help="pass --loglevel to the backfill (diagnosis; default its own)"
