@@ -47,6 +47,11 @@ def _oracular(env: dict[str, str], *args: str, timeout: float = BACKFILL_TIMEOUT
     return run_oracular(*args, env=env, timeout=timeout)[0]
 
 
+def _backfill(env: dict[str, str], app_id: str, *flags: str):
+    """`oracular backfill` of the example config under `app_id`, with more `flags`."""
+    return _oracular(env, "backfill", "--config", str(CONFIG), "--app-id", app_id, *flags)
+
+
 def _events():
     config = load_config(CONFIG)
     return config, clickstream(config, 600, 40, seed=5)
@@ -118,16 +123,7 @@ def test_backfill_equals_replay_and_is_repeatable(kafka, name, tmp_path):
     runs = []
     for attempt in (1, 2):
         env = _env(kafka, prefix, tmp_path / f"run{attempt}")
-        done = _oracular(
-            env,
-            "backfill",
-            "--config",
-            str(CONFIG),
-            "--app-id",
-            f"{prefix}-app{attempt}",
-            "--output-suffix",
-            ".bf",
-        )
+        done = _backfill(env, f"{prefix}-app{attempt}", "--output-suffix", ".bf")
         assert done.returncode == 0, done.stderr[-3000:]
         assert "complete: applied=600, duplicates=0, dead_lettered=0, ignored=0" in done.stderr
         runs.append(asyncio.run(_outputs(kafka, outputs, len(expected))))
@@ -144,18 +140,7 @@ def test_a_backfill_in_two_processes_equals_the_replay(kafka, name, tmp_path):
     asyncio.run(_setup(kafka, prefix, events))
     expected = _expected(config, events)
     env = _env(kafka, prefix, tmp_path)
-    done = _oracular(
-        env,
-        "backfill",
-        "--config",
-        str(CONFIG),
-        "--app-id",
-        f"{prefix}-app",
-        "--output-suffix",
-        ".bf",
-        "--processes",
-        "2",
-    )
+    done = _backfill(env, f"{prefix}-app", "--output-suffix", ".bf", "--processes", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "oracular backfill: 2 processes" in done.stderr
     assert f"backfill {prefix}-app complete: 600 messages in 2 processes" in done.stderr
@@ -176,18 +161,7 @@ def test_backfill_since_starts_at_that_time_and_refuses_a_used_app_id(kafka, nam
     since = events[400].at
     later = sum(e.at >= since for e in events)
     env = _env(kafka, prefix, tmp_path)
-    done = _oracular(
-        env,
-        "backfill",
-        "--config",
-        str(CONFIG),
-        "--app-id",
-        f"{prefix}-a",
-        "--since",
-        str(since),
-        "--output-suffix",
-        ".since",
-    )
+    done = _backfill(env, f"{prefix}-a", "--since", str(since), "--output-suffix", ".since")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"complete: applied={later}," in done.stderr
     again = _oracular(env, "backfill", "--config", str(CONFIG), "--app-id", f"{prefix}-a")
