@@ -57,8 +57,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from bench.machine import code_version, kafka_version, machine, pytest_processes
 from bench.synthetic import clickstream
 from bench.topics import create_topics, end_offsets
@@ -70,6 +68,7 @@ from schemas.config import load_config
 from schemas.events import encode_event
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
 from streams.admin import ensure_topics_async
+from streams.backfill import committed_offsets
 from streams.topics import TopicSpec, product_topics
 
 SEED = 11
@@ -188,17 +187,6 @@ async def produce(path: Path, env: dict[str, str], logs: Path, topic: str, event
     return wall
 
 
-async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    """The consumer group's committed offsets on `topic`, by partition."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
-
-
 async def watch(
     process: LoggedProcess, bootstrap: str, group: str, topic: str, stall_s: float
 ) -> str:
@@ -210,7 +198,7 @@ async def watch(
     while process.running:
         await asyncio.sleep(POLL_S)
         try:
-            now = await committed(bootstrap, group, topic)
+            now = await committed_offsets(bootstrap, group, topic)
         except Exception as exc:  # the group may not exist yet; the broker is busy
             say(f"could not read {group}'s offsets: {exc!r}")
             continue

@@ -60,12 +60,19 @@ def serialize(state: EngineState, *, include_config: bool = True) -> bytes:
 def state_to_record(state: EngineState, *, include_config: bool = True) -> Record:
     """The state as plain msgpack-able values (see the module docstring for the layout)."""
     return [
+        *record_head(state, include_config=include_config),
+        {name: intent_to_record(intent) for name, intent in state.intents.items()},
+    ]
+
+
+def record_head(state: EngineState, *, include_config: bool = True) -> Record:
+    """`state_to_record` but its last item (the intents' map)."""
+    return [
         FORMAT_VERSION,
         state.config.to_dict() if include_config else None,
         state.clock,
         state.episode.started_at,
         state.episode.last_event_at,
-        {name: intent_to_record(intent) for name, intent in state.intents.items()},
     ]
 
 

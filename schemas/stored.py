@@ -45,7 +45,7 @@ from engine import (
     StateFormatError,
     state_from_record,
 )
-from engine.serialize import FORMAT_VERSION, intent_to_record
+from engine.serialize import intent_to_record, record_head
 from engine.state import IntentState
 
 STORED_VERSION: Final = 2
@@ -110,7 +110,6 @@ def encode_stored(user: StoredUser) -> bytes:
         user.last_offset,
         last if started is not None else None,
     ]
-    record_head = [FORMAT_VERSION, None, state.clock, started, last]
     tail = [user.inputs, user.episodes, user.clock, user.timer_close, user.tick_offset]
     packed = user.packed
     if packed is None:
@@ -119,7 +118,7 @@ def encode_stored(user: StoredUser) -> bytes:
         _ARRAY_OF_10,
         _packb(head)[1:],  # a short array's header is one byte: the items' encodings follow
         _RECORD_ARRAY,
-        _packb(record_head)[1:],
+        _packb(record_head(state, include_config=False))[1:],
         _map_header(len(state.intents)),
     ]
     for name, intent in state.intents.items():
@@ -131,7 +130,7 @@ def encode_stored(user: StoredUser) -> bytes:
     return b"".join(parts)
 
 
-_packb = msgpack.Packer().pack
+_packb = msgpack.Packer().pack  # one Packer, not one per call; the worker's thread only
 _ARRAY_OF_10: Final = b"\x9a"  # msgpack fixarray headers: 0x90 | length
 _RECORD_ARRAY: Final = b"\x96"
 
