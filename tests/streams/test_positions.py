@@ -9,6 +9,7 @@ from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
 from streams import faust_patches
+from streams.backfill import Backfill
 from streams.positions import Positions
 
 EVENTS = "in"
@@ -68,3 +69,15 @@ def test_a_partition_read_past_its_trailing_transaction_markers_has_no_lag():
     at = positions(consumer, {0: 9})
     assert at.partition_lags() == {0: 0}
     assert at.lag() == 0
+
+
+def test_a_backfill_partition_taken_over_with_nothing_left_is_caught_up_at_its_committed_offset():
+    """A process of a parallel backfill that takes over a partition another one finished
+    receives no input there: its committed offset (the stop) says it is caught up."""
+    consumer = FakeConsumer({0: 100, 1: 50}, committed={1: 50})
+    plan = Backfill(start={0: 0, 1: 0}, stop={0: 100, 1: 50}, done=lambda: None)
+    processor: Any = SimpleNamespace(next_offset={0: 60})
+    at = Positions(SimpleNamespace(consumer=consumer), processor, EVENTS, backfill=plan)
+    assert at.handled_offsets() == {0: 60, 1: 50}
+    assert at.caught_up(1)
+    assert not at.caught_up(0)
