@@ -274,7 +274,12 @@ def run_backfill(args: argparse.Namespace) -> int:
         if args.processes > 1:
             return _backfill_processes(args, settings, span)
     else:
-        span = Range.from_json(args.part_of)
+        try:
+            span = Range.from_json(args.part_of)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            msg = f"--part-of is not a range from a parallel backfill ({type(exc).__name__})"
+            print(f"oracular backfill: {msg}", file=sys.stderr)
+            return EXIT_USAGE
     started = time.monotonic()
     one_of_many = args.part_of is not None
     events_topic = settings.topics.events.name

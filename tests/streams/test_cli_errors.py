@@ -232,3 +232,30 @@ def test_progress_uses_carriage_returns_only_on_a_terminal():
         assert text.rstrip("\n").endswith("100.0% eta 0s")
         assert ("\r" in text) is control
         assert "\x1b" not in text and "\b" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--processes", "0"], "--processes must be between 1 and the 8 input partitions (got 0)"),
+        (["--processes", "9"], "--processes must be between 1 and the 8 input partitions (got 9)"),
+        (["--part-of", "not json"], "--part-of is not a range from a parallel backfill"),
+        (["--part-of", '{"start": {}}'], "--part-of is not a range from a parallel backfill"),
+        (["--part-of", "[1, 2]"], "--part-of is not a range from a parallel backfill"),
+    ],
+)
+def test_backfill_refuses_bad_process_flags_in_one_line_before_any_broker(
+    flags, message, closed_port, tmp_path
+):
+    done, _ = _oracular(
+        "backfill",
+        "--config",
+        str(CONFIG),
+        "--broker",
+        f"127.0.0.1:{closed_port}",
+        *flags,
+        tmp_path=tmp_path,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
