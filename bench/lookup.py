@@ -56,7 +56,10 @@ SINGLE_REQUESTS = 1000
 BATCH_REQUESTS = 200
 BATCH_SIZE = 100
 API_LINE = re.compile(r"advertised to other workers as (\S+)")
-APPLIED = re.compile(r'^oracular_inputs_total\{outcome="applied"\} (\S+)$', re.MULTILINE)
+APPLIED = re.compile(
+    r'^oracular_inputs_total\{outcome="applied",partition="\d+"\} (\S+)$', re.MULTILINE
+)
+"""One partition's applied inputs: the workers' sum over all their samples is the total."""
 READS = re.compile(r'^oracular_lookup_reads_total\{source="(\w+)"\} (\S+)$', re.MULTILINE)
 
 
@@ -97,8 +100,7 @@ async def applied(http: ClientSession, urls: list[str]) -> float:
     for url in urls:
         async with http.get(f"{url}/metrics") as response:
             text = await response.text()
-        found = APPLIED.search(text)
-        total += float(found.group(1)) if found else 0.0
+        total += sum(float(value) for value in APPLIED.findall(text))
     return total
 
 

@@ -31,7 +31,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 import msgpack
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -39,10 +39,18 @@ from mode import Service
 from yarl import URL
 
 from engine import EngineConfig, EngineError
+from engine.episodes import Reason
 from schemas.stored import StoredUser
 from streams import faust_patches
 from streams import processor as processor_module
-from streams.metrics import CONTENT_TYPE, Family, Metrics, processor_families, render
+from streams.metrics import (
+    CONTENT_TYPE,
+    Family,
+    Metrics,
+    monitor_families,
+    processor_families,
+    render,
+)
 from streams.serving import (
     FORWARDED_HEADER,
     MAX_BODY_BYTES,
@@ -101,6 +109,10 @@ class Node(Protocol):
     def lag(self) -> dict[int, int]: ...
 
     def counts(self) -> Mapping[str, int]: ...
+
+    def inputs_by_partition(self) -> Mapping[tuple[str, int], int]: ...
+
+    def episodes_by_reason(self) -> Mapping[str, int]: ...
 
     def gauges(self) -> list[Family]: ...
 
@@ -244,9 +256,18 @@ class _Handlers:
         outputs = [getattr(processor_module, name, None) for name in ("PREDICTIONS", "EPISODES")]
         counts = dict.fromkeys(getattr(processor_module, "REPORTED", ()), 0)
         counts.update(self.node.counts())
-        families = processor_families(counts, handled, [o for o in outputs if o is not None])
+        lags = self.node.lag()
+        families = processor_families(
+            counts,
+            handled,
+            [o for o in outputs if o is not None],
+            by_partition=self.node.inputs_by_partition(),
+            partitions=lags,
+            closed_by_reason=self.node.episodes_by_reason(),
+            reasons=get_args(Reason),
+        )
         lag = Family("oracular_partition_lag", "gauge", "Input messages waiting, per partition.")
-        for partition, value in sorted(self.node.lag().items()):
+        for partition, value in sorted(lags.items()):
             lag.add(value, (("partition", str(partition)),))
         reads = Family(
             "oracular_lookup_reads_total",
@@ -662,6 +683,12 @@ class FaustNode:
     def counts(self) -> Mapping[str, int]:
         return dict(self.runtime.processor.counts)
 
+    def inputs_by_partition(self) -> Mapping[tuple[str, int], int]:
+        return dict(self.runtime.processor.by_partition)
+
+    def episodes_by_reason(self) -> Mapping[str, int]:
+        return dict(self.runtime.processor.closed_by_reason)
+
     def gauges(self) -> list[Family]:
         assignor = self.app.assignor
         assigned = Family("oracular_assigned_partitions", "gauge", "State partitions held here.")
@@ -684,7 +711,28 @@ class FaustNode:
             Family("oracular_assignment_generation", "gauge", "Consumer group generation.").add(
                 self.app.consumer_generation_id
             ),
+            self._restore_family(),
+            *monitor_families(self.app.monitor),
         ]
+
+    def _restore_family(self) -> Family:
+        """Changelog records still to restore, for active and standby partitions: the
+        progress of a recovery (0 once the tables are up to date)."""
+        family = Family(
+            "oracular_restore_remaining_records",
+            "gauge",
+            "Changelog records still to restore before the table copies are up to date.",
+        )
+        recovery = getattr(self.app.tables, "recovery", None)
+        for role in ("active", "standby"):
+            remaining = getattr(recovery, f"{role}_remaining_total", None)
+            for _ in range(3):  # Faust's offsets change on the worker's thread meanwhile
+                try:
+                    family.add(int(remaining()) if remaining else 0, (("role", role),))
+                    break
+                except RuntimeError:  # a dict changed while it was read: read again
+                    continue
+        return family
 
     async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
         """Produce on the worker's own loop (Faust's producer lives there), from any loop."""

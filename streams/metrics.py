@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 BATCH_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -145,26 +145,117 @@ class Metrics:
 
 
 def processor_families(
-    counts: Mapping[str, int], handled: Iterable[str], outputs: Iterable[str]
+    counts: Mapping[str, int],
+    handled: Iterable[str],
+    outputs: Iterable[str],
+    *,
+    by_partition: Mapping[tuple[str, int], int] | None = None,
+    partitions: Iterable[int] = (),
+    closed_by_reason: Mapping[str, int] | None = None,
+    reasons: Iterable[str] = (),
 ) -> list[Family]:
     """The processor's counters, read generically.
 
     Input outcomes (`handled`: applied, duplicates, ...) become
-    `oracular_inputs_total{outcome=...}`; output kinds (`outputs`) become
-    `oracular_outputs_total{kind=...}`; every other counter `oracular_<name>_total`.
+    `oracular_inputs_total{outcome=...,partition=...}` and late inputs
+    `oracular_late_total{partition=...}` when `by_partition` is given (every outcome of each
+    of `partitions` and of the partitions counted, zeros included), else totals by outcome;
+    output kinds (`outputs`) become `oracular_outputs_total{kind=...}`; closed episodes
+    `oracular_episodes_closed_total{reason=...}` (each of `reasons` at least); every other
+    counter `oracular_<name>_total`.
     """
-    handled, outputs = list(handled), list(outputs)
+    handled, outputs = sorted(set(handled)), sorted(set(outputs))
     inputs = Family("oracular_inputs_total", "counter", "Input messages handled, by outcome.")
-    for name in sorted(set(handled)):
-        inputs.add(counts.get(name, 0), (("outcome", name),))
+    labelled = set(handled)
+    families = [inputs]
+    if by_partition is None:
+        for name in handled:
+            inputs.add(counts.get(name, 0), (("outcome", name),))
+    else:
+        late = Family("oracular_late_total", "counter", "Inputs applied late, by partition.")
+        labelled.add("late")
+        seen = sorted(set(partitions) | {partition for _, partition in by_partition})
+        for partition in seen:
+            for name in handled:
+                labels = (("outcome", name), ("partition", str(partition)))
+                inputs.add(by_partition.get((name, partition), 0), labels)
+            late.add(by_partition.get(("late", partition), 0), (("partition", str(partition)),))
+        families.append(late)
     published = Family("oracular_outputs_total", "counter", "Output messages, by kind.")
-    for name in sorted(set(outputs)):
+    for name in outputs:
         published.add(counts.get(name, 0), (("kind", name),))
-    families = [inputs, published]
-    for name in sorted(set(counts) - set(handled) - set(outputs)):
+    families.append(published)
+    if closed_by_reason is not None:
+        closed = Family("oracular_episodes_closed_total", "counter", "Episodes closed, by reason.")
+        for reason in sorted(set(reasons) | set(closed_by_reason)):
+            closed.add(closed_by_reason.get(reason, 0), (("reason", reason),))
+        families.append(closed)
+    for name in sorted(set(counts) - labelled - set(outputs)):
         metric = metric_name(name)
         metric = f"oracular_{metric.removesuffix('_total')}_total"
         families.append(Family(metric, "counter", f"Processor counter {name}.").add(counts[name]))
+    return families
+
+
+def _average(values: Iterable[float]) -> float:
+    recent = tuple(values)  # one C-level copy: the worker's thread may append meanwhile
+    return sum(recent) / len(recent) if recent else 0.0
+
+
+_MONITOR_NUMBERS: Final = (
+    # (family, type, help, faust.sensors.Monitor attribute)
+    (
+        "faust_messages_active",
+        "gauge",
+        "Messages received, not yet acknowledged.",
+        "messages_active",
+    ),
+    ("faust_send_errors_total", "counter", "Produce requests that failed.", "send_errors"),
+    ("faust_rebalances_total", "counter", "Rebalances seen.", "rebalances"),
+    (
+        "faust_assignments_completed_total",
+        "counter",
+        "Assignments completed.",
+        "assignments_completed",
+    ),
+    ("faust_assignments_failed_total", "counter", "Assignments failed.", "assignments_failed"),
+    (
+        "faust_rebalance_end_avg_seconds",
+        "gauge",
+        "Recent rebalances' average time to their end.",
+        "rebalance_end_avg",
+    ),
+)
+
+
+def monitor_families(monitor: Any) -> list[Family]:
+    """Faust's own sensor (`app.monitor`, a faust.sensors.Monitor) as `faust_*` families.
+
+    The worker takes its input in batches (streams/faust_patches.py), so Faust's per-event
+    stream counters do not move; its message, send, commit and rebalance figures do. The
+    latencies are averages of the recent samples Faust keeps.
+    """
+    families = []
+    for name, attribute, help_text in (
+        ("faust_messages_received_total", "messages_received_by_topic", "Messages received."),
+        ("faust_messages_sent_total", "messages_sent_by_topic", "Messages sent through Faust."),
+    ):
+        family = Family(name, "counter", help_text)
+        for topic, value in sorted(dict(getattr(monitor, attribute, None) or {}).items()):
+            family.add(value, (("topic", str(topic)),))
+        families.append(family)
+    for name, kind, help_text, attribute in _MONITOR_NUMBERS:
+        families.append(Family(name, kind, help_text).add(getattr(monitor, attribute, 0) or 0))
+    for name, attribute, help_text in (
+        ("faust_send_latency_avg_seconds", "send_latency", "Recent sends' average latency."),
+        ("faust_commit_latency_avg_seconds", "commit_latency", "Recent commits' average latency."),
+    ):
+        value = _average(getattr(monitor, attribute, None) or ())
+        families.append(Family(name, "gauge", help_text).add(value))
+    full = Family("faust_topic_buffer_full_total", "counter", "Times a stream buffer was full.")
+    for tp, value in sorted(dict(getattr(monitor, "topic_buffer_full", None) or {}).items()):
+        full.add(value, (("topic", str(tp.topic)), ("partition", str(tp.partition))))
+    families.append(full)
     return families
 
 

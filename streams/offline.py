@@ -65,7 +65,7 @@ class OfflineRun:
         """Apply one file line (decoded by `schemas.files.read_lines`)."""
         message = self._message(line.index, line.raw, line.event)
         if line.ignored:
-            self.processor.counts["ignored"] += 1
+            self.processor.count_input("ignored", message.partition)
         elif line.event is None:
             self.processor.dead_letter(self._batch, message, line.error or "undecodable")
         else:

@@ -35,6 +35,7 @@ from engine import (
     EngineError,
     Event,
     StateFormatError,
+    Step,
     apply_event,
     close_if_due,
     create_state,
@@ -283,6 +284,11 @@ class Processor:
         self.stop_offsets = stop_offsets
         """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
+        self.by_partition: Counter[tuple[str, int]] = Counter()
+        """(outcome, input partition) -> inputs: the HANDLED outcomes and `late`, per
+        partition (the worker's /metrics labels them; `counts` has the totals)."""
+        self.closed_by_reason: Counter[str] = Counter()
+        """Episode reason (`end`, `timeout`) -> episodes closed, the timer's closes included."""
         self.clocks: dict[int, PartitionClock] = {}
         self.next_offset: dict[int, int] = {}
         """Partition -> the next input offset to handle: one past the highest handled, or
@@ -325,6 +331,18 @@ class Processor:
         if cache.limit > 0:
             for key, slot in batch.slots.items():
                 cache.put(key, slot.user)
+
+    def count_input(self, outcome: str, partition: int) -> None:
+        """Count one input's outcome (a HANDLED name, or `late`), in total and per partition."""
+        self.counts[outcome] += 1
+        self.by_partition[outcome, partition] += 1
+
+    def _count_applied(self, step: Step, partition: int) -> None:
+        self.count_input("applied", partition)
+        if step.late:
+            self.count_input("late", partition)
+        if step.closed is not None:
+            self.closed_by_reason[step.closed.reason] += 1
 
     def handled(self) -> int:
         """Input messages handled so far (applied, duplicates, dead-lettered or ignored)."""
@@ -410,7 +428,7 @@ class Processor:
             try:
                 event = decode_event(message.value or b"", fallback_ts=message.timestamp_ms)
             except IgnoredMessage:
-                self.counts["ignored"] += 1
+                self.count_input("ignored", message.partition)
                 return
             except DecodeError as exc:
                 self.dead_letter(batch, message, str(exc))
@@ -456,7 +474,7 @@ class Processor:
             # A redelivery after a crash. The local store already has this input, but its
             # changelog record may not have left before the crash: write the state again so
             # a restore from the changelog cannot fall behind the committed offsets.
-            self.counts["duplicates"] += 1
+            self.count_input("duplicates", message.partition)
             slot.dirty = True
             return
         try:
@@ -498,8 +516,7 @@ class Processor:
         )
         slot.context = message.context
         slot.dirty = True
-        self.counts["applied"] += 1
-        self.counts["late"] += step.late
+        self._count_applied(step, partition)
         for output in outputs:
             self.counts[output.role] += 1
         batch.outputs.extend(outputs)
@@ -623,6 +640,7 @@ class Processor:
             slot.dirty = True
             self.counts["closed_by_timer"] += 1
             self.counts[EPISODES] += 1
+            self.closed_by_reason[transition.closed.reason] += 1
             batch.outputs.append(output)
             closed += 1
         if batch.timer_closes_left is not None:
@@ -631,7 +649,7 @@ class Processor:
 
     def dead_letter(self, batch: Batch, message: InMessage, error: str) -> None:
         """Publish the message to the dead-letter topic with the reason and its origin."""
-        self.counts["dead_lettered"] += 1
+        self.count_input("dead_lettered", message.partition)
         record = dlq_message(
             error,
             topic=message.topic,

@@ -75,6 +75,12 @@ def replayed(config: EngineConfig, events: list[Event]) -> dict[str, EngineState
     return replayer.states
 
 
+def replayed_closes(config: EngineConfig, events: list[Event]) -> list[Any]:
+    """The episodes the events close (not the timer's), as the offline replay applies them."""
+    replayer = Replayer(config)
+    return [step.closed for step in map(replayer.feed, events) if step.closed is not None]
+
+
 def served_stream(
     kafka: str, request: pytest.FixtureRequest, settings: dict[str, str], **stream: int
 ) -> tuple[Any, list[Event], dict[str, EngineState], int]:
@@ -161,6 +167,24 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(texts: list[str], name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`, over /metrics texts."""
+    total = 0.0
+    for text in texts:
+        for line in text.splitlines():
+            found = SAMPLE.match(line)
+            if found is None or found[1] != name:
+                continue
+            have = dict(LABEL.findall(found[2] or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(found[3])
+    return total
+
+
 async def scrape(http: ClientSession, url: str) -> str:
     async with http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}) as r:
         assert r.status == 200
@@ -185,7 +209,7 @@ async def test_lookups_through_either_worker_equal_the_replay(
     async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         owners = await wait_routing(http, urls)
         before = [await scrape(http, url) for url in urls]
-        assert sum(metric(t, 'oracular_inputs_total{outcome="applied"}') for t in before) == 0
+        assert metric_sum(before, "oracular_inputs_total", outcome="applied") == 0
 
         # The token: 401 without it or with a wrong one, /livez exempt.
         for url in urls:
@@ -228,10 +252,23 @@ async def test_lookups_through_either_worker_equal_the_replay(
             problems += answer_problems(result, states[result["user"]], at)
         assert not problems, f"{len(problems)} differences, e.g.:\n" + "\n".join(problems[:10])
 
-        # /metrics: the applied events are counted, lookups too.
+        # /metrics: the applied events are counted, per partition, lookups too; episodes by
+        # reason (sign-outs exactly the replay's: only an input closes one so); Faust's sensor.
         after = [await scrape(http, url) for url in urls]
-        applied = sum(metric(t, 'oracular_inputs_total{outcome="applied"}') for t in after)
+        applied = metric_sum(after, "oracular_inputs_total", outcome="applied")
         assert applied == len(events), applied
+        per_partition = Counter(partition_for(e.user, PARTITIONS) for e in events)
+        for partition, count in per_partition.items():
+            got = metric_sum(after, "oracular_inputs_total", partition=str(partition))
+            assert got == count, (partition, got, count)
+        episodes = metric_sum(after, "oracular_outputs_total", kind="episodes")
+        assert metric_sum(after, "oracular_episodes_closed_total") == episodes > 0
+        assert metric_sum(after, "oracular_episodes_closed_total", reason="end") == sum(
+            1 for closed in replayed_closes(dep.config, events) if closed.reason == "end"
+        )
+        received = metric_sum(after, "faust_messages_received_total", topic=dep.topics.events.name)
+        assert received >= len(events), received
+        assert metric_sum(after, "oracular_restore_remaining_records", role="active") == 0
         assert all(metric(t, "oracular_batch_seconds_count") > 0 for t in after)
         found = metric(after[0], 'oracular_lookups_total{endpoint="batch",status="found"}')
         assert found == len(users)

@@ -348,3 +348,35 @@ def test_ticks_decode_with_or_without_repairs():
         assert decode_tick(junk) == Tick()
     assert decode_tick(msgpack.packb([1, "x"])) == Tick(1, [])
     assert decode_tick(msgpack.packb(["x", [b"k", 3]])) == Tick(None, [b"k"])
+
+
+def test_inputs_are_counted_per_partition_and_closed_episodes_per_reason(config):
+    """Each input's outcome is counted in total and on its partition; each closed episode by
+    its reason, the timer's closes included (the worker's /metrics labels them so)."""
+    table, processor = DictTable(), _processor(config, lateness_ms=10_000)
+    identify = json.dumps({"type": "identify", "userId": "u3"}).encode()
+    messages = [
+        _message(0, {"id": "a", "user": "u1", "name": "pricing.viewed", "ts": TS}),
+        _message(1, {"id": "b", "user": "u1", "type": "end", "ts": TS + MIN}),
+        _message(0, {"id": "c", "user": "u2", "name": "limit.hit", "ts": TS}, partition=3),
+        _message(1, {"id": "d", "user": "u2", "name": "limit.hit", "ts": TS - MIN}, partition=3),
+        _message(2, b"\xc1garbage", key=b"u2", partition=3),
+        InMessage(EVENTS, 3, 3, b"u3", identify, None, 3),
+    ]
+    _run(processor, table, messages, wall=TS)
+    _run(processor, table, messages[2:3], wall=TS)  # a redelivery on partition 3
+    deadline = TS + 30 * MIN
+    _run(processor, table, [_tick(partition=3, sent_at=deadline + 10_001)], caught_up=True)
+    assert processor.by_partition == {
+        ("applied", 0): 2,
+        ("applied", 3): 2,
+        ("late", 3): 1,
+        ("dead_lettered", 3): 1,
+        ("ignored", 3): 1,
+        ("duplicates", 3): 1,
+    }
+    for outcome in ("applied", "late", "dead_lettered", "ignored", "duplicates"):
+        total = sum(n for (name, _), n in processor.by_partition.items() if name == outcome)
+        assert processor.counts[outcome] == total, outcome
+    assert processor.closed_by_reason == {"end": 1, "timeout": 1}
+    assert processor.counts["episodes"] == 2 and processor.counts["closed_by_timer"] == 1

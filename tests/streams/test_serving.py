@@ -24,13 +24,15 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from aiokafka.partitioner import DefaultPartitioner
+from faust.sensors import Monitor
+from faust.types import TP
 
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams import api as api_module
 from streams.api import Api, build_web_app
-from streams.metrics import Family
+from streams.metrics import Family, monitor_families, render
 from streams.processor import StateCache
 from streams.serving import (
     FORWARDED_HEADER,
@@ -161,6 +163,8 @@ class FakeNode:
     tables: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
     appended: list[tuple[bytes, bytes, int]] = field(default_factory=list)
     counters: Counter[str] = field(default_factory=Counter)
+    partition_counters: Counter[tuple[str, int]] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
     gets: int = 0
 
     def view(self, partition: int) -> PartitionView:
@@ -186,6 +190,12 @@ class FakeNode:
 
     def counts(self) -> Mapping[str, int]:
         return self.counters
+
+    def inputs_by_partition(self) -> Mapping[tuple[str, int], int]:
+        return self.partition_counters
+
+    def episodes_by_reason(self) -> Mapping[str, int]:
+        return self.reasons
 
     def gauges(self) -> list[Family]:
         return []
@@ -467,7 +477,13 @@ async def test_reveal_appends_a_command_keyed_by_user(pair, http, config) -> Non
 
 async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     a, _ = pair
-    a.node.counters.update({"applied": 12, "duplicates": 1, "closed_by_timer": 3, "weird-name": 2})
+    a.node.counters.update(
+        {"applied": 12, "duplicates": 1, "late": 2, "closed_by_timer": 3, "weird-name": 2}
+    )
+    a.node.partition_counters.update(
+        {("applied", 0): 5, ("applied", 5): 7, ("duplicates", 5): 1, ("late", 5): 2}
+    )
+    a.node.reasons.update({"timeout": 3})
     a.api.metrics.batch(0.004, 10)
     await get(http, f"{a.url}/v1/users/{user_on(0)}")
     async with http.get(f"{a.url}/metrics") as response:
@@ -479,9 +495,19 @@ async def test_metrics_are_prometheus_text(pair, http, config) -> None:
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
-    assert samples['oracular_inputs_total{outcome="applied"}'] == 12
-    assert samples['oracular_inputs_total{outcome="duplicates"}'] == 1
-    assert samples['oracular_inputs_total{outcome="dead_lettered"}'] == 0
+    # Per partition: those counted (5 is no longer owned) and those owned (0 and 1), zeros
+    # included; late inputs per partition too, and no unlabelled copy of either.
+    assert samples['oracular_inputs_total{outcome="applied",partition="0"}'] == 5
+    assert samples['oracular_inputs_total{outcome="applied",partition="5"}'] == 7
+    assert samples['oracular_inputs_total{outcome="duplicates",partition="5"}'] == 1
+    assert samples['oracular_inputs_total{outcome="dead_lettered",partition="1"}'] == 0
+    assert samples['oracular_inputs_total{outcome="ignored",partition="0"}'] == 0
+    assert samples['oracular_late_total{partition="5"}'] == 2
+    assert samples['oracular_late_total{partition="1"}'] == 0
+    assert 'oracular_inputs_total{outcome="applied"}' not in samples
+    assert "oracular_late_total" not in samples
+    assert samples['oracular_episodes_closed_total{reason="timeout"}'] == 3
+    assert samples['oracular_episodes_closed_total{reason="end"}'] == 0
     assert samples["oracular_closed_by_timer_total"] == 3
     assert samples["oracular_weird_name_total"] == 2
     assert samples['oracular_lookups_total{endpoint="user",status="unknown"}'] == 1
@@ -490,6 +516,28 @@ async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     assert samples["oracular_batch_seconds_count"] == 1
     assert samples['oracular_partition_lag{partition="0"}'] == 0
     assert text.count("# TYPE oracular_inputs_total counter") == 1
+
+
+def test_fausts_own_sensor_is_exported_as_faust_families() -> None:
+    """Faust's Monitor (the sensor every app has) as `faust_*` samples, fed through its own
+    sensor calls: a Faust upgrade that renames what the worker reads shows here."""
+    monitor = Monitor()
+    for offset in range(3):
+        monitor.on_message_in(TP("oracular.events", 1), offset, SimpleNamespace())
+    monitor.on_topic_buffer_full(TP("oracular.events", 1))
+    sent = monitor.on_send_initiated(None, "oracular.predictions", SimpleNamespace(), 1, 1)
+    monitor.on_send_completed(None, sent, None)
+    monitor.on_send_error(None, RuntimeError("broker gone"), sent)
+    text = render(monitor_families(monitor))
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert samples['faust_messages_received_total{topic="oracular.events"}'] == "3"
+    assert samples['faust_messages_sent_total{topic="oracular.predictions"}'] == "1"
+    assert samples["faust_messages_active"] == "3"
+    assert samples["faust_send_errors_total"] == "1"
+    assert samples['faust_topic_buffer_full_total{topic="oracular.events",partition="1"}'] == "1"
+    assert float(samples["faust_send_latency_avg_seconds"]) > 0
+    assert samples["faust_rebalances_total"] == "0"
+    assert text.count("# TYPE faust_") == len(samples)  # each family once, one sample each
 
 
 async def test_oracular_query_prints_the_answer(pair, config, capsys) -> None:
