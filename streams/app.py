@@ -93,6 +93,13 @@ def create_app(
         consumer_auto_offset_reset="earliest",
         web_enabled=settings.web_port is not None,
         web_port=settings.web_port or 6066,
+        # Faust's own web server (only with ORACULAR_WEB_PORT) binds where the lookup API
+        # does, and never serves its raw table views (`/table/<name>/<key>`: stored state,
+        # unauthenticated) nor its `/router` (the cluster's worker URLs): the lookup API
+        # reads users through the token and routes by itself.
+        web_bind=settings.api_host,
+        web_tables_enabled=False,
+        web_router_enabled=False,
     )
 
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches

@@ -578,6 +578,23 @@ def test_api_settings_are_validated_and_the_token_never_shown() -> None:
     assert "s3cret" not in describe(settings) and "s3cret" not in repr(settings)
 
 
+def test_fausts_web_server_serves_no_table_or_router_views(tmp_path, config) -> None:
+    """With Faust's own web server on (ORACULAR_WEB_PORT), its raw table views (stored state,
+    no token) and its router (the workers' URLs) are not served, and it binds to the API's
+    host, not every interface."""
+    from streams.app import create_app
+    from streams.settings import settings_from_env
+
+    settings = settings_from_env(
+        {"ORACULAR_WEB_PORT": "0", "ORACULAR_DATADIR": str(tmp_path / "state")}
+    )
+    app = create_app(settings, config)
+    assert app.conf.web_enabled and app.conf.web_bind == "127.0.0.1"
+    prefixes = {prefix for prefix, _ in app.web.blueprints._enabled}
+    assert "/table" not in prefixes and "/router" not in prefixes, prefixes
+    assert prefixes, "Faust's other views stay (a check that the list was read at all)"
+
+
 def test_advertised_url_is_spelled_as_fausts_assignor_spells_it() -> None:
     from streams.api import advertised_url, bind
     from streams.settings import Settings
