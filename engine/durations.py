@@ -15,6 +15,16 @@ MS_PER_UNIT: Final[dict[str, int]] = {
     "w": 604_800_000,
 }
 
+MIN_TIME_MS: Final = 0
+"""The earliest time the engine takes (epoch ms): 1970-01-01T00:00:00Z."""
+MAX_TIME_MS: Final = 253_402_300_799_999
+"""The latest time the engine takes (epoch ms): 9999-12-31T23:59:59.999Z, the last instant a
+`datetime` holds. Any such time plus any duration (`MAX_DURATION_MS`) fits the signed 64-bit
+integers a serialized state and an output are written with."""
+MAX_DURATION_MS: Final = MAX_TIME_MS
+"""The longest duration a config may give (about 8,000 years): a deadline, a cooldown's end
+or an attribution window's end stays a storable time."""
+
 _DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 
 
@@ -56,6 +66,9 @@ def _whole_ms(ms: float, original: object) -> int:
         raise ValueError(msg)
     if ms != int(ms):
         msg = f"must be a whole number of milliseconds (got {original!r:.40})"
+        raise ValueError(msg)
+    if ms > MAX_DURATION_MS:
+        msg = f"must be at most {MAX_DURATION_MS} ms, about 8,000 years (got {original!r:.40})"
         raise ValueError(msg)
     return int(ms)
 

@@ -41,10 +41,15 @@ class UnknownIntentError(EngineError):
 
 
 class InvalidTimeError(EngineError):
-    """Raised when a timestamp is not a whole number of epoch milliseconds."""
+    """Raised when a timestamp is not a whole number of epoch milliseconds from 1970 to the
+    end of year 9999 (0 to 253,402,300,799,999)."""
 
     def __init__(self, value: object) -> None:
         self.value = value
+        if isinstance(value, int) and not isinstance(value, bool):
+            problem = "epoch milliseconds from 0 (1970) to 253402300799999 (year 9999)"
+            super().__init__(f"time must be {problem} (got {value!r:.40})")
+            return
         super().__init__(
             f"time must be epoch milliseconds as an int (got {type(value).__name__} {value!r:.40})"
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.episodes import Transition, clamp_time, close_timed_out, settle
+from engine.errors import InvalidEventError
 from engine.learning import credit_pending, decay_factor, effective_weight, judge
 from engine.state import EngineState, EpisodeState, Evidence, IntentState
 
@@ -31,13 +32,17 @@ def observe(state: EngineState, name: str, at: int) -> EngineState:
         The next state.
 
     Raises:
-        InvalidTimeError: if `at` is not an int.
+        InvalidTimeError: if `at` is not an int from 1970 to the end of year 9999.
+        InvalidEventError: if `name` is not a non-empty string.
     """
     return observe_transition(state, name, at).state
 
 
 def observe_transition(state: EngineState, name: str, at: int) -> Transition:
     """`observe`, also returning the episode that the event's idle gap closed, if any."""
+    if not isinstance(name, str) or not name:
+        msg = f"an event name must be a non-empty string (got {type(name).__name__} {name!r:.40})"
+        raise InvalidEventError(msg)
     at = clamp_time(state, at)
     timed_out = close_timed_out(state, at)
     return observe_settled(settle(timed_out.state, at), name, at, timed_out)

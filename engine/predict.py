@@ -101,7 +101,7 @@ def predict(state: EngineState, intent: str, at: int) -> Prediction:
 
     Raises:
         UnknownIntentError: if the config does not declare `intent`.
-        InvalidTimeError: if `at` is not an int.
+        InvalidTimeError: if `at` is not an int from 1970 to the end of year 9999.
     """
     config = _intent_config(state, intent)
     at = clamp_time(state, at)
@@ -116,7 +116,7 @@ def predict_many(
 
     Raises:
         UnknownIntentError: if the config does not declare one of `intents`.
-        InvalidTimeError: if `at` is not an int.
+        InvalidTimeError: if `at` is not an int from 1970 to the end of year 9999.
     """
     names = list(state.config.intents) if intents is None else list(intents)
     configs = [_intent_config(state, name) for name in names]
@@ -150,7 +150,7 @@ def mark_revealed(state: EngineState, intent: str, at: int) -> EngineState:
 
     Raises:
         UnknownIntentError: if the config does not declare `intent`.
-        InvalidTimeError: if `at` is not an int.
+        InvalidTimeError: if `at` is not an int from 1970 to the end of year 9999.
     """
     _intent_config(state, intent)
     at = clamp_time(state, at)
@@ -174,7 +174,7 @@ def explain(state: EngineState, intent: str, at: int) -> Explanation:
 
     Raises:
         UnknownIntentError: if the config does not declare `intent`.
-        InvalidTimeError: if `at` is not an int.
+        InvalidTimeError: if `at` is not an int from 1970 to the end of year 9999.
     """
     config = _intent_config(state, intent)
     at = clamp_time(state, at)

@@ -89,8 +89,8 @@ def apply_event(state: EngineState, event: Event) -> Step:
         after = mark_revealed(state, event.intent, at)
         touched: tuple[str, ...] = (event.intent,)
         return Step(event, at, after, _changed(_predictions(state, touched, at), after, at))
-    if event.name is None:
-        msg = "an event needs a name"
+    if not isinstance(event.name, str) or not event.name:
+        msg = "an event needs a name (a non-empty string)"
         raise InvalidEventError(msg)
     outcome_of = config.outcome_index.get(event.name, ())
     touched = tuple(dict.fromkeys((*outcome_of, *config.signal_index.get(event.name, ()))))

@@ -43,6 +43,7 @@ from typing import Any, Final
 import msgpack
 
 from engine import Event
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 """Largest message accepted (bytes). Segment caps a message at 32 KB; twice that leaves room
@@ -69,9 +70,9 @@ INT_MIN: Final = -(2**63)
 """Smallest integer accepted anywhere: msgpack's (signed 64-bit) range."""
 INT_MAX: Final = 2**64 - 1
 """Largest integer accepted anywhere: msgpack's (unsigned 64-bit) range."""
-MIN_TS: Final = 0
+MIN_TS: Final = MIN_TIME_MS
 """Earliest event time (epoch ms): 1970-01-01T00:00:00Z. Analytics events predate nothing."""
-MAX_TS: Final = 253_402_300_799_999
+MAX_TS: Final = MAX_TIME_MS
 """Latest event time (epoch ms): 9999-12-31T23:59:59.999Z, the last instant a `datetime` can
 hold. It fits a signed 64-bit integer with room for any timeout added to it, and is below
 2**53, so JSON consumers read it exactly."""

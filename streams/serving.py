@@ -23,6 +23,7 @@ from typing import Any, Final, Literal
 from aiokafka.partitioner import murmur2
 
 from engine import EngineConfig, EngineState, create_state, explain, predict_many
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.episodes import clamp_time
 from schemas.stored import StoredUser, decode_stored
 
@@ -129,8 +130,9 @@ def parse_at(raw: object, now_ms: int) -> int:
         at = int(raw)
     else:
         raise ApiError(400, f"at must be epoch milliseconds (got {str(raw)[:32]!r})")
-    if not 0 <= at < 1 << 62:
-        raise ApiError(400, f"at must be epoch milliseconds >= 0 (got {at})")
+    if not MIN_TIME_MS <= at <= MAX_TIME_MS:
+        msg = f"at must be epoch milliseconds from {MIN_TIME_MS} to {MAX_TIME_MS} (got {at})"
+        raise ApiError(400, msg)
     return at
 
 

@@ -124,7 +124,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("output_format", "ORACULAR_OUTPUT_FORMAT", str, "msgpack",
             "msgpack or json, on the output topics", "--output-format"),
     Setting("web_port", "ORACULAR_WEB_PORT", int, None,
-            "serve Faust's web views on this port (unset: no web server)", "--web-port"),
+            "serve Faust's own web views (its statistics pages) on this port, bound to "
+            "`ORACULAR_API_HOST`; never its raw table views or `/router` (state and the "
+            "workers' URLs, without the API's token). Unset: no Faust web server; the lookup "
+            "API (`docs/serving.md`) is separate", "--web-port"),
     Setting("batch_max", "ORACULAR_BATCH_MAX", int, 500,
             "most messages applied per batch (one state read and write per user)"),
     Setting("state_cache_users", "ORACULAR_STATE_CACHE_USERS", int, 50_000,

@@ -38,6 +38,11 @@ INVALID_CONFIGS = [
     ({**BASE, "episodeTimeout": -5}, "episodeTimeout: must not be negative (got -5)"),
     ({**BASE, "episodeTimeout": 1.5}, "must be a whole number of milliseconds (got 1.5)"),
     ({**BASE, "episodeTimeout": "soon"}, "episodeTimeout: must be a duration such as 500ms"),
+    (
+        {**BASE, "episodeTimeout": 253_402_300_800_000},
+        "episodeTimeout: must be at most 253402300799999 ms, about 8,000 years",
+    ),
+    (_with_intent(cooldown=2.0**63), "intents.upgrade.cooldown: must be at most 253402300799999"),
     ({**BASE, "episodeTimeout": True}, "episodeTimeout: must be a duration such as 30m"),
     (_with_intent(prior=0), "intents.upgrade.prior: must be > 0 (got 0)"),
     (_with_intent(prior=1), "intents.upgrade.prior: must be < 1 (got 1)"),
@@ -175,3 +180,17 @@ def test_outcome_listed_as_a_signal_warns_once_and_is_allowed(caplog):
     assert "intents.x.outcome: 'buy' is also one of this intent's signals" in caplog.text
     assert config.signal_index == {"cart": ("x",)}
     assert config.outcome_index == {"buy": ("x",)}
+
+
+def _with_duration(key: str, value: str) -> dict[str, object]:
+    return {**BASE, key: value} if key == "episodeTimeout" else _with_intent(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["episodeTimeout", "halfLife", "cooldown", "attribution"])
+def test_a_duration_beyond_8000_years_is_refused_as_text_too(key):
+    """The longest duration is what keeps every deadline, cooldown end and attribution end a
+    storable time: `100000000000d` would make a cooldown's end overflow the 64-bit integers a
+    stored state and an output are written with."""
+    with pytest.raises(ConfigError, match=r"must be at most 253402300799999 ms"):
+        EngineConfig.from_dict(_with_duration(key, "100000000000d"))
+    EngineConfig.from_dict(_with_duration(key, "2932896d"))  # 2,932,896 days: just within

@@ -9,14 +9,18 @@ import pytest
 from engine import (
     UnknownIntentError,
     create_state,
+    deserialize,
+    end_episode,
     explain,
     mark_revealed,
     observe,
     predict,
     predict_many,
+    serialize,
     should_reveal,
 )
-from engine.errors import InvalidTimeError
+from engine.durations import MAX_DURATION_MS, MAX_TIME_MS
+from engine.errors import InvalidEventError, InvalidTimeError
 from tests.engine.helpers import DAY, MINUTE, MONDAY_10, QUICKSTART, WEEK, config
 
 T0 = 1_767_261_600_000  # SPEC's example timestamp
@@ -158,9 +162,51 @@ def test_reads_reject_unknown_intents_and_bad_times():
         predict(state, "upgrade", 1.5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("at", [-1, MAX_TIME_MS + 1, 2**64, -(2**63) - 1])
+def test_a_time_outside_1970_to_9999_is_refused_by_every_call(at):
+    """Times are epoch ms from 1970 to the end of year 9999: what a stored state and an output
+    can hold with any duration added (beyond it, serialize would fail later, far from the
+    cause)."""
+    state = observe(create_state(config({"upgrade": QUICKSTART})), "pricing.viewed", T0)
+    calls = [
+        lambda: observe(state, "pricing.viewed", at),
+        lambda: end_episode(state, at),
+        lambda: predict(state, "upgrade", at),
+        lambda: explain(state, "upgrade", at),
+        lambda: should_reveal(state, "upgrade", at),
+        lambda: mark_revealed(state, "upgrade", at),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidTimeError, match=r"from 0 \(1970\) to 253402300799999"):
+            call()
+
+
+def test_the_extremes_of_time_and_duration_still_serialize_and_predict():
+    """The latest time with the longest durations: every derived time (a cooldown's end, an
+    attribution window's end, a timeout) still fits a serialized state."""
+    longest = f"{MAX_DURATION_MS}ms"
+    intent = {**QUICKSTART, "cooldown": longest, "halfLife": longest, "attribution": longest}
+    cfg = config({"upgrade": intent}, episodeTimeout=longest)
+    state = create_state(cfg)
+    for at, name in ((0, "pricing.viewed"), (1, "upgrade.completed")):
+        state = observe(state, name, at)
+    state = mark_revealed(end_episode(state, 2), "upgrade", 3)
+    state = observe(state, "pricing.viewed", MAX_TIME_MS)
+    prediction = predict(state, "upgrade", MAX_TIME_MS)
+    assert prediction.suppressed_until == 3 + MAX_DURATION_MS
+    assert deserialize(serialize(state), config=cfg) == state
+
+
 def test_time_never_runs_backwards_inside_a_state():
     """A late event is applied at the state's last time."""
     state = observe(create_state(config({"upgrade": QUICKSTART})), "page.viewed", T0 + DAY)
     late = observe(state, "pricing.viewed", T0)
     assert late.clock == T0 + DAY and late.episode.last_event_at == T0 + DAY
     assert late.intents["upgrade"].evidence["pricing.viewed"].at == T0 + DAY
+
+
+@pytest.mark.parametrize("name", [None, "", 3, b"pricing.viewed"])
+def test_an_event_name_that_is_not_a_non_empty_string_is_refused(name):
+    state = create_state(config({"upgrade": QUICKSTART}))
+    with pytest.raises(InvalidEventError, match="an event name must be a non-empty string"):
+        observe(state, name, T0)  # type: ignore[arg-type]
