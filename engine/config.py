@@ -26,6 +26,10 @@ DEFAULT_PRIOR_WEIGHT: Final = 10.0
 DEFAULT_THRESHOLD: Final = 0.5
 DEFAULT_Z: Final = 1.0
 DEFAULT_COOLDOWN_MS: Final = 86_400_000  # one day
+MAX_MAGNITUDE: Final = 1e6
+"""The largest |weight|, gain, priorWeight, priorEpisodes and z: far beyond any useful value, and
+small enough that α and β summed over any number of events stay finite floats (the Beta
+model's spread multiplies α, β and the cube of their sum; a weight of 1e308 made p NaN)."""
 
 _TOP_KEYS: Final = frozenset({"$schema", "episodeTimeout", "learning", "intents"})
 _LEARNING_KEYS: Final = frozenset({"gain", "priorEpisodes", "lift", "halfLife"})
@@ -64,7 +68,8 @@ class IntentConfig:
     """One intent: its signals with initial weights, its outcome and its prediction model."""
 
     signals: Mapping[str, float]
-    """Signal name -> initial weight w0 (any finite number; negative weights count against)."""
+    """Signal name -> initial weight w0 (a finite number of at most `MAX_MAGNITUDE` either
+    way; negative weights count against)."""
     outcome: str | None = None
     """The event the intent predicts; without one the intent never learns."""
     half_life_ms: int | None = None
@@ -221,9 +226,17 @@ def _read_learning(
         problems.append(("learning", f"must be a mapping (got {_kind(obj)})"))
         return LearningConfig()
     _unknown_keys(obj, _LEARNING_KEYS, "learning", problems)
-    gain = _number(obj, "gain", "learning", problems, DEFAULT_GAIN, minimum=0.0)
+    gain = _number(
+        obj, "gain", "learning", problems, DEFAULT_GAIN, minimum=0.0, maximum=MAX_MAGNITUDE
+    )
     prior_episodes = _number(
-        obj, "priorEpisodes", "learning", problems, DEFAULT_PRIOR_EPISODES, exclusive_minimum=0.0
+        obj,
+        "priorEpisodes",
+        "learning",
+        problems,
+        DEFAULT_PRIOR_EPISODES,
+        exclusive_minimum=0.0,
+        maximum=MAX_MAGNITUDE,
     )
     lift = obj.get("lift", DEFAULT_LIFT)
     if not isinstance(lift, str) or lift not in LIFT_MEASURES:
@@ -281,12 +294,18 @@ def _read_intent(
             exclusive_maximum=1.0,
         ),
         prior_weight=_number(
-            obj, "priorWeight", path, problems, DEFAULT_PRIOR_WEIGHT, exclusive_minimum=0.0
+            obj,
+            "priorWeight",
+            path,
+            problems,
+            DEFAULT_PRIOR_WEIGHT,
+            exclusive_minimum=0.0,
+            maximum=MAX_MAGNITUDE,
         ),
         threshold=_number(
             obj, "threshold", path, problems, DEFAULT_THRESHOLD, minimum=0.0, maximum=1.0
         ),
-        z=_number(obj, "z", path, problems, DEFAULT_Z, minimum=0.0),
+        z=_number(obj, "z", path, problems, DEFAULT_Z, minimum=0.0, maximum=MAX_MAGNITUDE),
         cooldown_ms=_or_default(_duration(obj, "cooldown", path, problems), DEFAULT_COOLDOWN_MS),
         reset_on_outcome=reset,
     )
@@ -307,6 +326,9 @@ def _read_signals(obj: object, path: str, problems: list[tuple[str, str]]) -> di
             problems.append(
                 (f"{path}.{signal}", f"weight must be a finite number (got {weight!r:.40})")
             )
+        elif abs(weight) > MAX_MAGNITUDE:
+            rule = f"weight must be between -{MAX_MAGNITUDE:g} and {MAX_MAGNITUDE:g}"
+            problems.append((f"{path}.{signal}", f"{rule} (got {weight:g})"))
         else:
             signals[signal] = float(weight)
     return signals
@@ -384,7 +406,13 @@ def _unknown_keys(
 
 
 def _is_finite_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """An int or float that is finite as a float (an int too large for a float is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range, e.g. 400 digits in a YAML file
+        return False
 
 
 def _kind(value: object) -> str:

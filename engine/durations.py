@@ -44,8 +44,10 @@ def parse_duration(value: object) -> int:
     if isinstance(value, bool):
         msg = f"must be a duration such as 30m or a number of milliseconds (got {value!r})"
         raise ValueError(msg)
-    if isinstance(value, int | float):
-        return _whole_ms(float(value), value)
+    if isinstance(value, int):  # exact, whatever its size (a float holds less)
+        return _checked_ms(value, value)
+    if isinstance(value, float):
+        return _whole_ms(value, value)
     if isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match is None:
@@ -67,10 +69,17 @@ def _whole_ms(ms: float, original: object) -> int:
     if ms != int(ms):
         msg = f"must be a whole number of milliseconds (got {original!r:.40})"
         raise ValueError(msg)
+    return _checked_ms(int(ms), original)
+
+
+def _checked_ms(ms: int, original: object) -> int:
+    if ms < 0:
+        msg = f"must not be negative (got {original!r:.40})"
+        raise ValueError(msg)
     if ms > MAX_DURATION_MS:
         msg = f"must be at most {MAX_DURATION_MS} ms, about 8,000 years (got {original!r:.40})"
         raise ValueError(msg)
-    return int(ms)
+    return ms
 
 
 def format_duration(ms: int) -> str | int:
