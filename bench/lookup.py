@@ -13,7 +13,8 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    through the worker that does NOT own the user (one forward). The ratio is the pooled rate
    with lookups over the pooled rate without.
 2. Latency under processing load. Once the backlog is drained (every user's state in place),
-   bench/loadgen.py (its own process) offers live events at LIVE_RATE events/s while this
+   bench/loadgen.py (its own process) offers live events at half the rate the two workers
+   drained the backlog at without lookups (`--live-rate` to choose another) while this
    process measures, one request at a time: single-user lookups at the owner, single-user
    lookups through the non-owner (one forward), and batches of 100 users all owned by the
    other worker, through the non-owner (one forward per batch), and 100 mixed users.
@@ -52,6 +53,9 @@ from streams.topics import product_topics
 WINDOW_S = 8.0
 CLIENTS = 4
 LIVE_RATE = 1000.0
+"""The latency phase's live load when no rate without lookups was measured."""
+LIVE_SECONDS = 120
+"""Most seconds of live load (stopped once the lookups are measured)."""
 SINGLE_REQUESTS = 1000
 BATCH_REQUESTS = 200
 BATCH_SIZE = 100
@@ -292,7 +296,8 @@ async def main_async(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + 900
             while await applied(http, urls) < len(events) and time.monotonic() < deadline:
                 await asyncio.sleep(1.0)  # the latency phase starts with the backlog drained
-        say(f"latency with live load {LIVE_RATE:.0f} events/s")
+        live_rate = args.live_rate or half_rate(rows)
+        say(f"latency with live load {live_rate:.0f} events/s")
         out = base / "loadgen.msgpack"
         loadgen = helper(
             "bench.loadgen",
@@ -300,15 +305,15 @@ async def main_async(args: argparse.Namespace) -> int:
             bootstrap,
             base,
             topic=topics.events.name,
-            rate=LIVE_RATE,
-            seconds=600,
+            rate=live_rate,
+            seconds=LIVE_SECONDS,
             users=args.users,
             config=CONFIG,
             out=out,
         ).start()
         try:
             async with ClientSession(timeout=ClientTimeout(total=30)) as http:
-                await asyncio.sleep(3)  # the live load is flowing
+                await flowing(http, urls, live_rate)
                 a0, t0 = await applied(http, urls), time.monotonic()
                 r0 = await reads(http, urls)
                 table = await latency(http, urls, owners, users)
@@ -322,14 +327,37 @@ async def main_async(args: argparse.Namespace) -> int:
                 worker.stop()
         if broker is not None:
             broker.stop(wipe=True)
-    report(args, rows, table, live, sources)
+    report(args, rows, table, offered=live_rate, live=live, sources=sources)
     return 0
+
+
+async def flowing(http: ClientSession, urls: list[str], rate: float) -> None:
+    """Wait until the live load is being applied (the load generator first generates its
+    events, which takes seconds at a high rate), then a little longer for it to settle."""
+    start, deadline = await applied(http, urls), time.monotonic() + 120
+    while await applied(http, urls) < start + rate and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    if time.monotonic() >= deadline:
+        msg = f"the live load of {rate:,.0f} events/s was not applied within 120 s"
+        raise RuntimeError(msg)
+    await asyncio.sleep(2)
+
+
+def half_rate(rows: dict[str, list[dict[str, Any]]]) -> float:
+    """Half the two workers' pooled rate without lookups: the load the latency is measured
+    under ("processing at half their maximum throughput"); LIVE_RATE if none was measured."""
+    windows = rows["without"]
+    if not windows:
+        return LIVE_RATE
+    return sum(r["events"] for r in windows) / sum(r["seconds"] for r in windows) / 2
 
 
 def report(
     args: argparse.Namespace,
     rows: dict[str, list[dict[str, Any]]],
     table: list[tuple[str, tuple[float, float, float], int]],
+    *,
+    offered: float,
     live: float,
     sources: dict[str, float],
 ) -> None:
@@ -349,11 +377,12 @@ def report(
     print(
         f"command: python -m bench.lookup --events {args.events} --users {args.users} "
         f"--runs {args.runs}"
+        + (f" --live-rate {args.live_rate:g}" if args.live_rate else "")
         + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
         + "\n"
     )
     print(
-        f"| lookup (2 workers; live input offered at {LIVE_RATE:,.0f} events/s, applied "
+        f"| lookup (2 workers; live input offered at {offered:,.0f} events/s, applied "
         f"{live:,.0f}/s) | p50 ms | p99 ms | max ms | requests |"
     )
     print("|---|---:|---:|---:|---:|")
@@ -382,6 +411,12 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
+    parser.add_argument(
+        "--live-rate",
+        type=float,
+        help="live input during the latency phase, events/s (default: half the two workers' "
+        "rate without lookups, measured first)",
+    )
     add_worker_env_option(
         parser, "a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0"
     )
