@@ -54,6 +54,9 @@ def lookup(
     Raises:
         QueryError: the API refused (its error message) or could not be reached.
     """
+    if user in (".", ".."):  # HTTP drops such path segments: the request would miss the user
+        msg = f"user id {user!r} cannot be named in a URL path; ask POST /v1/lookup for it"
+        raise QueryError(msg, EXIT_USAGE)
     path = "/v1/users/" + urllib.parse.quote(user, safe="")
     if intent is not None:
         path += "/intents/" + urllib.parse.quote(intent, safe="")

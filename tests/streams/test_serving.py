@@ -556,6 +556,8 @@ async def test_oracular_query_prints_the_answer(pair, config, capsys) -> None:
     assert code == 2 and "unknown intent 'nope'" in capsys.readouterr().err
     code = await asyncio.to_thread(main, ["query", user, "--url", "http://127.0.0.1:9"])
     assert code == 69 and "cannot reach" in capsys.readouterr().err
+    code = await asyncio.to_thread(main, ["query", "..", "--url", a.url])
+    assert code == 2 and "POST /v1/lookup" in capsys.readouterr().err
 
 
 def test_api_settings_are_validated_and_the_token_never_shown() -> None:
