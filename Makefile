@@ -62,9 +62,9 @@ lint: setup ## ruff check and format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: setup ## mypy: --strict on engine/ and schemas/, normal on streams/
+typecheck: setup ## mypy: --strict on engine/ and schemas/, normal on streams/ and bench/
 	$(VENV)/bin/mypy --strict engine schemas
-	$(VENV)/bin/mypy streams
+	$(VENV)/bin/mypy streams bench
 
 check: lint typecheck test ## lint, typecheck and test
 

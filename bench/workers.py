@@ -24,7 +24,9 @@ READY_TIMEOUT_S = 300.0  # worker start to "Worker ready" (a restore included)
 STOP_TIMEOUT_S = 60.0  # SIGTERM to exit
 
 
-def add_worker_env_option(parser: argparse.ArgumentParser, what: str) -> None:
+def add_worker_env_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str
+) -> None:
     """`--worker-env NAME=VALUE` (repeatable): extra settings for the measured workers; the
     parsed value is a list of (name, value) pairs, `dict(args.worker_env)`."""
     parser.add_argument(
