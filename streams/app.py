@@ -403,6 +403,7 @@ class _Runtime:
             "deadline index rebuilt: %s users with an open episode",
             self.processor.open_episodes(),
         )
+        self.memory.tune()
         self.memory.freeze()
         self.fence.lease.renew()  # a long restore is not a freeze
 

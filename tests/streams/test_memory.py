@@ -39,3 +39,15 @@ def test_a_slow_collection_is_logged(caplog):
         gc.callbacks[:] = [
             c for c in gc.callbacks if getattr(c, "__qualname__", "").find("GcPolicy") < 0
         ]
+
+
+def test_tune_raises_only_the_young_generations_threshold():
+    """The worker's young collections run every YOUNG_THRESHOLD allocations, not Python's
+    700; the older generations keep their thresholds."""
+    before = gc.get_threshold()
+    try:
+        GcPolicy().tune()
+        assert gc.get_threshold() == (GcPolicy.YOUNG_THRESHOLD, before[1], before[2])
+        assert before[0] < GcPolicy.YOUNG_THRESHOLD
+    finally:
+        gc.set_threshold(*before)
