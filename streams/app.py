@@ -52,10 +52,7 @@ def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) ->
     """A Faust topic of raw bytes keys and values: every byte goes through `schemas/`."""
     return app.topic(
         *names,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
+        schema=faust_patches.RawSchema(),
         partitions=partitions,
         internal=internal,
     )

@@ -1031,3 +1031,37 @@ def test_take_batches_mirrors_the_stream_iterators_it_was_written_for(where, sha
     assert hashlib.sha256(source.encode()).hexdigest() == sha256, (
         f"faust-streaming's {where} changed: re-read it against take_batches"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "headers"),
+    [
+        (b"user-1", b"\x84\xa4user\xa6user-1", []),
+        (None, b'{"user": "u"}', [("trace", b"x")]),
+        (b"user-1", None, []),
+        (b"", b"", []),
+        (b"\xff\x00", b"\x00" * 1000, None),
+    ],
+)
+async def test_the_raw_schema_decodes_as_fausts_bytes_schema_does(key, value, headers):
+    """`RawSchema`'s decode makes the event Faust's own compiled decode makes of a record for
+    a bytes/raw topic (same class, key, value, headers and message): if Faust's decoding of
+    raw records changes, this fails."""
+    app = faust.App(
+        "raw-schema-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    try:
+        upstream = faust.Schema(
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+        ).compile(app)
+        ours = faust_patches.RawSchema().compile(app)
+        message = ConsumerMessage("t", 0, 7, 0.0, 0, headers, key, value, None)
+        want, got = await upstream(message), await ours(message)
+        assert type(got) is type(want) and got.app is want.app and got.message is message
+        assert (got.key, got.value, got.headers) == (want.key, want.value, want.headers)
+        topic = app.topic("t", schema=faust_patches.RawSchema())
+        assert (topic.key_type, topic.value_type) == (bytes, bytes)
+        assert (topic.key_serializer, topic.value_serializer) == ("raw", "raw")
+        assert type(await topic.clone().decode(message)) is type(want)  # clones share it
+    finally:
+        app.consumer._thread.thread_loop.close()
