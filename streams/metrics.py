@@ -149,48 +149,37 @@ def processor_families(
     handled: Iterable[str],
     outputs: Iterable[str],
     *,
-    by_partition: Mapping[tuple[str, int], int] | None = None,
-    partitions: Iterable[int] = (),
-    closed_by_reason: Mapping[str, int] | None = None,
-    reasons: Iterable[str] = (),
+    by_partition: Mapping[tuple[str, int], int],
+    partitions: Iterable[int],
+    closed_by_reason: Mapping[str, int],
+    reasons: Iterable[str],
 ) -> list[Family]:
     """The processor's counters, read generically.
 
     Input outcomes (`handled`: applied, duplicates, ...) become
     `oracular_inputs_total{outcome=...,partition=...}` and late inputs
-    `oracular_late_total{partition=...}` when `by_partition` is given (every outcome of each
-    of `partitions` and of the partitions counted, zeros included), else totals by outcome;
-    output kinds (`outputs`) become `oracular_outputs_total{kind=...}`; closed episodes
+    `oracular_late_total{partition=...}`, from `by_partition` (every outcome of each of
+    `partitions` and of the partitions counted, zeros included); output kinds (`outputs`)
+    become `oracular_outputs_total{kind=...}`; closed episodes
     `oracular_episodes_closed_total{reason=...}` (each of `reasons` at least); every other
     counter `oracular_<name>_total`.
     """
     handled, outputs = sorted(set(handled)), sorted(set(outputs))
     inputs = Family("oracular_inputs_total", "counter", "Input messages handled, by outcome.")
-    labelled = set(handled)
-    families = [inputs]
-    if by_partition is None:
+    late = Family("oracular_late_total", "counter", "Inputs applied late, by partition.")
+    for partition in sorted(set(partitions) | {partition for _, partition in by_partition}):
         for name in handled:
-            inputs.add(counts.get(name, 0), (("outcome", name),))
-    else:
-        late = Family("oracular_late_total", "counter", "Inputs applied late, by partition.")
-        labelled.add("late")
-        seen = sorted(set(partitions) | {partition for _, partition in by_partition})
-        for partition in seen:
-            for name in handled:
-                labels = (("outcome", name), ("partition", str(partition)))
-                inputs.add(by_partition.get((name, partition), 0), labels)
-            late.add(by_partition.get(("late", partition), 0), (("partition", str(partition)),))
-        families.append(late)
+            labels = (("outcome", name), ("partition", str(partition)))
+            inputs.add(by_partition.get((name, partition), 0), labels)
+        late.add(by_partition.get(("late", partition), 0), (("partition", str(partition)),))
     published = Family("oracular_outputs_total", "counter", "Output messages, by kind.")
     for name in outputs:
         published.add(counts.get(name, 0), (("kind", name),))
-    families.append(published)
-    if closed_by_reason is not None:
-        closed = Family("oracular_episodes_closed_total", "counter", "Episodes closed, by reason.")
-        for reason in sorted(set(reasons) | set(closed_by_reason)):
-            closed.add(closed_by_reason.get(reason, 0), (("reason", reason),))
-        families.append(closed)
-    for name in sorted(set(counts) - labelled - set(outputs)):
+    closed = Family("oracular_episodes_closed_total", "counter", "Episodes closed, by reason.")
+    for reason in sorted(set(reasons) | set(closed_by_reason)):
+        closed.add(closed_by_reason.get(reason, 0), (("reason", reason),))
+    families = [inputs, late, published, closed]
+    for name in sorted(set(counts) - {*handled, "late", *outputs}):
         metric = metric_name(name)
         metric = f"oracular_{metric.removesuffix('_total')}_total"
         families.append(Family(metric, "counter", f"Processor counter {name}.").add(counts[name]))
