@@ -7,6 +7,8 @@ and which stop it is the shell's decision, not the engine's.
 
 from __future__ import annotations
 
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS
+
 
 class EngineError(Exception):
     """Root of every error the engine raises."""
@@ -47,7 +49,7 @@ class InvalidTimeError(EngineError):
     def __init__(self, value: object) -> None:
         self.value = value
         if isinstance(value, int) and not isinstance(value, bool):
-            problem = "epoch milliseconds from 0 (1970) to 253402300799999 (year 9999)"
+            problem = f"epoch milliseconds from {MIN_TIME_MS} (1970) to {MAX_TIME_MS} (year 9999)"
             super().__init__(f"time must be {problem} (got {value!r:.40})")
             return
         super().__init__(
