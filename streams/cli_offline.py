@@ -151,7 +151,7 @@ def _sorted_events(args: argparse.Namespace) -> list[Event] | None:
 
 def run_replay(args: argparse.Namespace) -> int:
     """`oracular replay`: events file -> outputs, no Kafka."""
-    GcPolicy().tune()  # the engine allocates as in the worker: the same collector schedule
+    GcPolicy.tune()  # the engine allocates as in the worker: the same collector schedule
     config = load_config(args.config)
     until = END_OF_TIME
     if args.until is not None:
@@ -216,7 +216,7 @@ def _write(out: TextIO, outputs: list[Output]) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     """`oracular tune`: suggested weights from history."""
-    GcPolicy().tune()  # the engine allocates as in the worker: the same collector schedule
+    GcPolicy.tune()  # the engine allocates as in the worker: the same collector schedule
     from engine.tune import format_report, report_to_dict, tune
 
     config = load_config(args.config)
@@ -235,7 +235,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """`oracular evaluate`: score a replay's predictions."""
-    GcPolicy().tune()  # the engine allocates as in the worker: the same collector schedule
+    GcPolicy.tune()  # the engine allocates as in the worker: the same collector schedule
     import dataclasses
 
     from engine.evaluate import evaluate, format_scores

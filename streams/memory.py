@@ -58,11 +58,12 @@ class GcPolicy:
 
         gc.callbacks.append(timed)
 
-    def tune(self) -> None:
-        """Set the young generation's threshold (the worker's, once it runs; the older
-        generations keep theirs)."""
+    @staticmethod
+    def tune() -> None:
+        """Set the young generation's threshold (the worker's once it runs, and the offline
+        commands'; the older generations keep theirs)."""
         _, middle, old = gc.get_threshold()
-        gc.set_threshold(self.YOUNG_THRESHOLD, middle, old)
+        gc.set_threshold(GcPolicy.YOUNG_THRESHOLD, middle, old)
 
     def freeze(self) -> None:
         """Collect the young generations and freeze what survives."""

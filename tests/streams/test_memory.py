@@ -47,7 +47,7 @@ def test_tune_raises_only_the_young_generations_threshold():
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 11, 12)  # Python's young default (an offline command may have run)
-        GcPolicy().tune()
+        GcPolicy.tune()
         assert gc.get_threshold() == (GcPolicy.YOUNG_THRESHOLD, 11, 12)
     finally:
         gc.set_threshold(*before)
