@@ -6,7 +6,8 @@ Run it with `oracular worker --config FILE` (or `faust -A streams.app worker`, r
 The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
 `streams.processor.Processor` decide everything, then:
 1. publishes the batch's outputs and waits until the broker has them all;
-2. writes each changed user's state once (one changelog record per user per batch);
+2. writes each changed user's state once (one changelog record per user per batch; while a
+   backlog waits, once for the batches applied within `ORACULAR_STATE_WRITE_INTERVAL_S`);
 3. acks the batch's messages, so their offsets may be committed.
 In that order, a stored state that records an input as applied implies its outputs were
 delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
 
 import faust
@@ -146,12 +147,15 @@ def create_app(
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
-        batches = faust_patches.take_batches(stream, settings.batch_max, settings.batch_window_s)
+        runtime.buffered = lambda: faust_patches.buffered(stream)
+        batches = faust_patches.take_batches(
+            stream, settings.batch_max, settings.batch_window_s, lambda: bool(runtime.held)
+        )
         try:
             async for events in batches:
                 await runtime.run_batch(events)
         finally:
-            await runtime.finished()  # the last batch's changelog, then its acks
+            await runtime.stopping()  # what is held, then the last changelog and its acks
 
     @app.timer(settings.tick_interval_s)
     async def tick() -> None:
@@ -215,15 +219,27 @@ class _Runtime:
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._finishing: asyncio.Future[None] | None = None
         """The last batch's `_finish`, while its changelog records are on their way."""
+        self.held: list[Any] = []
+        """Events of applied batches whose states are not written yet (`_may_defer`): acked
+        once they are, with the messages they came as (a backfill's progress)."""
+        self._held_messages: list[InMessage] = []
+        self._held_since = 0.0
+        self._held_generation: int | None = None
+        self.buffered: Callable[[], int] = lambda: 0
+        """Events waiting in the agent's buffer (set by the agent)."""
         self._last_summary = (time.monotonic(), 0)
 
     async def run_batch(self, events: list[Any]) -> None:
         """Apply a batch: outputs delivered, then states written; the changelog's delivery is
-        finished by a task (`_finish`), which acks the events then. Every message is applied,
-        skipped as a duplicate or dead-lettered; none is acked when the worker fenced itself
-        (streams/fencing.py)."""
+        finished by a task (`_finish`), which acks the events then. While a backlog waits,
+        the states of a few batches are written together instead (`_may_defer`). Every
+        message is applied, skipped as a duplicate or dead-lettered; none is acked when the
+        worker fenced itself (streams/fencing.py). No events: write what is held."""
         fence = self.fence
         generation = self.app.consumer_generation_id  # the group generation it was read in
+        if not events:
+            await self.write_held()
+            return
         if fence.dropping(generation, events):
             await self.finished()
             return
@@ -244,7 +260,7 @@ class _Runtime:
         await self.finished()
         clock.lap("previous changelog")
         if not await fence.may_write(generation):
-            fence.drop(generation, events)
+            self._fenced(generation, events)
             return
         # Straight to the producer, in record batches (streams/sending.py). The states are
         # written only once every output is acknowledged, so a failed delivery raises here,
@@ -254,32 +270,91 @@ class _Runtime:
         await send_all(producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs])
         clock.lap("outputs")
         self.faults.reached("outputs")
+        # The outputs are out: the batch's states may be written, now or with later ones.
+        self.processor.hold(batch)
+        if not self.held:
+            self._held_since, self._held_generation = time.monotonic(), generation
+        self.held.extend(events)
+        self._held_messages.extend(messages)
+        writes = 0
+        if not self._may_defer(generation):
+            writes = await self._write(generation)
+        clock.lap("states")
+        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
+            await self.tick_again()
+        clock.report(len(messages), len(batch.outputs), writes)
+
+    def _may_defer(self, generation: int) -> bool:
+        """True when the held states may wait for a later batch: input waits in the buffer
+        (a backlog: a later batch follows at once), the oldest held state is younger than
+        `ORACULAR_STATE_WRITE_INTERVAL_S`, and fewer than half the cache's users are unwritten.
+        A user changed in several of those batches is then written once, one changelog record
+        instead of one per batch. At live rates the buffer is empty after a batch, and every
+        batch writes its states as it always did."""
+        interval = self.settings.state_write_interval_s
+        cache = self.processor.cache
+        return (
+            interval > 0
+            and generation == self._held_generation
+            and self.buffered() > 0
+            and time.monotonic() - self._held_since < interval
+            and len(cache.unwritten) < cache.limit // 2
+        )
+
+    async def write_held(self) -> None:
+        """Write the held states and then ack their events (the buffer ran dry, a rebalance
+        waits for the acks, or the worker stops)."""
+        await self.finished()
+        if self.held:
+            await self._write(self.app.consumer_generation_id)
+
+    async def _write(self, generation: int) -> int:
+        """Write the held users' states and send their changelog records; a task acks the
+        held events once the broker has them all. Nothing is written (and the events are
+        dropped for their partitions' owners to read again) when the worker may not write
+        for `generation`, or the events were read in another one. Returns the states
+        written."""
+        fence = self.fence
+        if generation != self._held_generation:  # (a rebalance drops them: never here)
+            self._drop_held("a new consumer generation")
+            return 0
         if not await fence.may_write(generation):
-            fence.drop(generation, events)
-            return
-        writes = list(batch.writes())
+            self._fenced(generation, [])
+            return 0
+        events, messages = self.held, self._held_messages
+        self.held, self._held_messages = [], []
+        writes = self.processor.unwritten_writes()
         self.table.set_all(writes)
         self.faults.reached("stored")
         # The next batch reads these states from the cache. Should their changelog records
         # not be delivered, the worker stops (`_changelog_failed`) before it acks anything.
-        self.processor.remember(batch)
+        self.processor.written()
         try:
-            sent = await self.table.send_changelog(producer, writes, fence.unless_frozen)
+            sent = await self.table.send_changelog(
+                faust_patches.kafka_producer(self.app), writes, fence.unless_frozen
+            )
         except Exception as exc:
             await self._changelog_failed(exc, writes)
         self._finishing = asyncio.ensure_future(
             self._finish(events, sent, writes, messages, self._handled_offsets())
         )
-        clock.lap("states")
-        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
-            await self.tick_again()
-        clock.report(len(messages), len(batch.outputs), len(writes))
+        return len(writes)
 
     def _handled_offsets(self) -> dict[int, int]:
         """What a backfill's progress and end are judged by, as of this batch."""
         if self.backfill is None:
             return {}  # unused
         return self.positions.handled_offsets()
+
+    async def stopping(self) -> None:
+        """The agent stops: write what is held (unless the worker crashed: its inputs are read
+        again), then wait for the last changelog and acks."""
+        if self.held and not self.app.crashed:
+            try:
+                await self.write_held()
+            except Exception as exc:  # stopping regardless: the inputs are read again
+                log.warning("held states not written at shutdown (%s: %s)", type(exc).__name__, exc)
+        await self.finished()
 
     async def finished(self) -> None:
         """Wait until the last batch's changelog is acknowledged and its events acked (raises
@@ -371,7 +446,11 @@ class _Runtime:
         self.repairs.setdefault(partition, set()).add(key)
 
     def revoked(self, partitions: list[int]) -> None:
-        """Partitions lost in a rebalance: after a stall, their local copies are not trusted."""
+        """Partitions lost in a rebalance: after a stall, their local copies are not trusted.
+        Held events the agent did not get to write (it writes them before Faust's rebalance
+        goes on, unless fenced) are dropped with their states: read again from the committed
+        offsets, by whoever owns their partitions now."""
+        self._drop_held("the partitions were revoked")
         if self.fence.distrusts_revoked():
             self.table.restore_in_full(partitions)
             log.warning(
@@ -379,9 +458,30 @@ class _Runtime:
                 partitions,
             )
 
+    def _fenced(self, generation: int, events: list[Any]) -> None:
+        """The worker may not write for `generation`: drop `events` and the held ones, with
+        the held states, unwritten and unacked (streams/fencing.py)."""
+        self.processor.drop_unwritten()
+        self.fence.drop(generation, self.held + events)
+        self.held, self._held_messages = [], []
+
+    def _drop_held(self, why: str) -> None:
+        dropped = self.processor.drop_unwritten()
+        if self.held:
+            log.warning(
+                "%s with %s input(s) applied whose %s state(s) were not written: they are "
+                "read again from the committed offsets",
+                why,
+                len(self.held),
+                dropped,
+            )
+            faust_patches.abandon(self.app.consumer, self.held)
+            self.held, self._held_messages = [], []
+
     def rebuild(self, table: Any) -> None:
         """After recovery: the processor's clocks and deadline index from the table, and the
         users to write again."""
+        self._drop_held("recovered")
         consumer, ticks = self.app.consumer, self.settings.topics.ticks.name
         self.processor.rebuild(
             table.items(),

@@ -15,7 +15,9 @@ class KillSwitch:
 
     `ORACULAR_TEST_KILL_AT=STEP:N` with STEP one of outputs (delivered), stored (local store
     written), changelog (changelog records acknowledged) or acked (inputs acknowledged), and N
-    the batch to reach that step, counted from 1. Unset (always, outside tests): off.
+    the how-manieth time the step is reached, counted from 1: outputs are sent per batch, the
+    other steps happen once per write, which holds the states of one batch or, while a backlog
+    waits, of several. Unset (always, outside tests): off.
     """
 
     STEPS: Final = ("outputs", "stored", "changelog", "acked")

@@ -587,10 +587,14 @@ def _keep_delivered_positions(consumer: Any) -> None:
     consumer._oracular_delivered = kept
 
 
-async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[list[Any]]:
+async def take_batches(
+    stream: Any, max_: int, within: float, pending: Callable[[], bool] = lambda: False
+) -> AsyncIterator[list[Any]]:
     """Lists of up to `max_` events from an agent's `stream`, for the agent to ack by hand
     (`ack_all`): what `stream.noack_take(max_, within)` yields, read from the stream's buffer
-    a batch at a time.
+    a batch at a time. An empty list when the buffer is empty and `pending()` says the agent
+    holds events it has not acked yet: before waiting for more, the agent finishes those
+    (Faust's rebalance empties the buffer, then waits until every delivered event is acked).
 
     `noack_take` runs every event through Faust's stream iterator in a task of its own (a
     loop turn, a buffer `get`, three coroutines and a processor per event): taking the
@@ -615,6 +619,10 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     loop = asyncio.get_running_loop()
     window_ends = loop.time()
     while not stream.should_stop:
+        if queue.empty() and pending():
+            yield []
+            await asyncio.sleep(0)  # never a loop that starves the event loop
+            continue
         try:
             first = await queue.get()  # raises what the channel was thrown (`queue._errors`)
         except StopAsyncIteration:  # the stream's end (shutdown): as Faust's iterator ends
@@ -643,6 +651,12 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
         if events:
             yield events
         window_ends = loop.time() + within
+
+
+def buffered(stream: Any) -> int:
+    """Events waiting in an agent's `stream` buffer (delivered, not taken yet)."""
+    size: int = stream.channel.queue.qsize()
+    return size
 
 
 def ack_all(app: Any, events: list[Any]) -> None:

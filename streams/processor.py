@@ -157,22 +157,33 @@ class _Slot:
 
 
 class StateCache:
-    """Decoded users kept between batches, the most recently used `limit` of them.
+    """Decoded users kept between batches: the most recently used of them, and those whose
+    newest state is not written yet; `limit` users in all.
 
-    Write-through: a batch's users go in only once the batch's states are stored and their
-    changelog records acknowledged (`Processor.remember`), so the cache never holds a state
-    the table does not. Entries of partitions this worker no longer owns are dropped, and
-    the whole cache after a recovery, since the table may have changed underneath.
+    A batch's users go in once the batch's outputs are acknowledged (`Processor.hold`). The
+    worker writes their states then, or, while a backlog waits, a few batches later
+    (`unwritten`, taken by `Processor.unwritten_writes`): either way a batch reads each user's
+    newest state from here. A written user stays as the most recently used; one never written
+    is never evicted, and the worker writes them all before half the limit is unwritten.
+    Entries of partitions this worker no longer owns are dropped, and the whole cache after a
+    recovery, since the table may have changed underneath.
     """
 
     def __init__(self, limit: int) -> None:
-        """Keep at most `limit` users (0: none)."""
+        """Keep at most `limit` users (0: none cached once written)."""
         self.limit = limit
         self.users: OrderedDict[bytes, StoredUser] = OrderedDict()
+        self.unwritten: dict[bytes, _Slot] = {}
+        """Users changed by batches whose states are not written yet, with the message
+        context to write each on."""
         self.hits = self.misses = 0
 
     def get(self, key: bytes) -> StoredUser | None:
         """The cached user, now the most recently used, or None."""
+        slot = self.unwritten.get(key)
+        if slot is not None:
+            self.hits += 1
+            return slot.user
         user = self.users.get(key)
         if user is None:
             self.misses += 1
@@ -184,10 +195,14 @@ class StateCache:
     def peek(self, key: bytes) -> StoredUser | None:
         """The cached user or None, read-only: no hit or miss counted, the LRU order kept.
 
-        Safe from another thread (the lookup API's): one dict lookup, atomic under the GIL,
-        that never mutates or iterates the cache; the StoredUser it returns is replaced, never
+        Safe from another thread (the lookup API's): dict lookups, atomic under the GIL, that
+        never mutate or iterate the cache. A user leaves `unwritten` only after it is in
+        `users`, so it is always in one of them; the StoredUser returned is replaced, never
         changed, when its user changes, and its engine state is immutable.
         """
+        slot = self.unwritten.get(key)
+        if slot is not None:
+            return slot.user
         return self.users.get(key)
 
     def put(self, key: bytes, user: StoredUser) -> None:
@@ -197,18 +212,22 @@ class StateCache:
         users = self.users
         users[key] = user
         users.move_to_end(key)
-        while len(users) > self.limit:
+        room = max(self.limit - len(self.unwritten), 0)
+        while len(users) > room:
             users.popitem(last=False)
 
     def drop(self, partitions: Iterable[int]) -> None:
-        """Forget the users of `partitions`."""
+        """Forget the users of `partitions`, unwritten ones included."""
         gone = set(partitions)
         for key in [k for k, u in self.users.items() if u.partition in gone]:
             del self.users[key]
+        for key in [k for k, slot in self.unwritten.items() if slot.user.partition in gone]:
+            del self.unwritten[key]
 
     def clear(self) -> None:
-        """Forget everyone."""
+        """Forget everyone, unwritten users included."""
         self.users.clear()
+        self.unwritten.clear()
 
 
 @dataclass
@@ -220,6 +239,8 @@ class Batch:
     slots: dict[bytes, _Slot] = field(default_factory=dict)
     outputs: list[Output] = field(default_factory=list)
     cache: StateCache | None = None
+    unwritten: Mapping[bytes, _Slot] = field(default_factory=dict)
+    """Users changed by earlier batches and not written yet (`StateCache.unwritten`)."""
     timer_closes_left: int | None = None
     """How many more episodes the timer may close in this batch (None: no limit)."""
 
@@ -245,6 +266,10 @@ class Batch:
         """
         slot = self.slots.get(key)
         if slot is None:
+            unwritten = self.unwritten.get(key)
+            if unwritten is not None:  # changed by an earlier batch, to be written with this
+                slot = self.slots[key] = _Slot(unwritten.user, unwritten.context, dirty=True)
+                return slot
             user = None if self.cache is None else self.cache.get(key)
             if user is None:
                 raw = self.table.get(key, message.context)
@@ -322,6 +347,7 @@ class Processor:
             table,
             self.config,
             cache=self.cache if self.cache.limit > 0 else None,
+            unwritten=self.cache.unwritten,
             timer_closes_left=self.timer_closes_per_batch,
         )
 
@@ -331,6 +357,40 @@ class Processor:
         if cache.limit > 0:
             for key, slot in batch.slots.items():
                 cache.put(key, slot.user)
+
+    def hold(self, batch: Batch) -> None:
+        """Keep the batch's users for the next batches: the users it changed as unwritten
+        (`unwritten_writes` takes them), the others cached. Call once its outputs are
+        acknowledged: an unwritten state is one whose outputs are out."""
+        cache = self.cache
+        unwritten = cache.unwritten
+        for key, slot in batch.slots.items():
+            if slot.dirty:
+                unwritten[key] = slot
+                cache.users.pop(key, None)  # the older state; `written` caches this one
+            elif key not in unwritten:
+                cache.put(key, slot.user)
+
+    def unwritten_writes(self) -> list[tuple[bytes, bytes, Any]]:
+        """(key, value, context) of every user held unwritten, newest state each."""
+        return [
+            (key, encode_stored(slot.user), slot.context)
+            for key, slot in self.cache.unwritten.items()
+        ]
+
+    def written(self) -> None:
+        """The held users' states are stored: cache them as written."""
+        cache = self.cache
+        unwritten = cache.unwritten
+        for key, slot in list(unwritten.items()):
+            cache.put(key, slot.user)
+            del unwritten[key]  # after `put`: a lookup finds the user in one or the other
+
+    def drop_unwritten(self) -> int:
+        """Forget the users held unwritten (their inputs are read again); how many."""
+        dropped = len(self.cache.unwritten)
+        self.cache.unwritten.clear()
+        return dropped
 
     def count_input(self, outcome: str, partition: int) -> None:
         """Count one input's outcome (a HANDLED name, or `late`), in total and per partition."""

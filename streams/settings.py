@@ -133,6 +133,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("state_cache_users", "ORACULAR_STATE_CACHE_USERS", int, 50_000,
             "decoded user states kept between batches, least recently used evicted (0: no "
             "cache); each costs a few KiB and saves a read and a decode (BENCHMARKS.md)"),
+    Setting("state_write_interval_s", "ORACULAR_STATE_WRITE_INTERVAL_S", float, 2.0,
+            "while input waits in the worker's buffer (a backlog), the states of the batches "
+            "applied are written together, at the latest this long after the first: one "
+            "changelog record per user instead of one per batch; their inputs are acked once "
+            "written (0: every batch writes its own; docs/operations.md)"),
     Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.005,
             "how long the agent waits to fill a batch after the last one: latency against "
             "batch size (5 ms: p99 22-24 ms at half load against 37-43 ms with 10 ms; a "
@@ -220,6 +225,7 @@ class Settings:
     batch_max: int = _default("batch_max")
     state_cache_users: int = _default("state_cache_users")
     batch_window_s: float = _default("batch_window_s")
+    state_write_interval_s: float = _default("state_write_interval_s")
     fetch_max_wait_ms: int = _default("fetch_max_wait_ms")
     summary_interval_s: float = _default("summary_interval_s")
     commit_interval_s: float = _default("commit_interval_s")
@@ -392,6 +398,7 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "idle_ms",
         "max_skew_ms",
         "state_cache_users",
+        "state_write_interval_s",
         "standby_replicas",
         "ready_max_lag",
     )

@@ -77,11 +77,14 @@ that early. In the 2,300 events after them, episodes are due from about the 200t
 BATCH_MAX = "50"
 CHUNK = 150
 """Events produced between two rounds of ticks: three batches or so."""
-KILL_BATCH = 25
-"""The batch whose step kills the worker: some 500 to 1,000 events into the stream (batches of
-ticks included), after several rounds of ticks that closed episodes."""
+KILL_AT = {"outputs": 25, "stored": 12, "changelog": 12, "acked": 12}
+"""The how-manieth time the step is reached when it kills the worker: some 500 to 1,000 events
+into the stream (batches of ticks included), after several rounds of ticks that closed
+episodes. Outputs are sent per batch; states are written once for the batches applied while
+more input waited (ORACULAR_STATE_WRITE_INTERVAL_S), about a chunk's worth, so the 12th
+write comes about where the 25th batch does."""
 SUMMARY_INTERVAL_S = "0.1"  # the killed run logs its counters often: its last line is recent
-KILL_TIMEOUT_S = 60.0  # a started worker reaches its KILL_BATCH-th batch
+KILL_TIMEOUT_S = 60.0  # a started worker reaches its KILL_AT step
 COMPLETION_TIMEOUT_S = 120.0  # the restart applies the rest and commits it (about 5 s, idle)
 TICKS_TIMEOUT_S = 30.0  # the running worker's timer ticks every partition once more
 OFFSET_KEY = RocksDBStore.offset_key
@@ -288,7 +291,7 @@ async def test_state_is_durable_after_a_kill_at_each_step_of_a_batch(
         dep,
         ORACULAR_TICK_INTERVAL_S=FAST_TICK_S,
         ORACULAR_SUMMARY_INTERVAL_S=SUMMARY_INTERVAL_S,
-        ORACULAR_TEST_KILL_AT=f"{step}:{KILL_BATCH}",
+        ORACULAR_TEST_KILL_AT=f"{step}:{KILL_AT[step]}",
     )
     worker.start()
     producing = asyncio.create_task(produce_between_ticks(dep, events, worker))
@@ -297,7 +300,7 @@ async def test_state_is_durable_after_a_kill_at_each_step_of_a_batch(
     finally:
         await producing  # the rest of the stream, at once after the kill
     killed = last_summary(worker.log_text(current_run_only=True))
-    print(f"killed at {step}:{KILL_BATCH}; last counters {killed}")
+    print(f"killed at {step}:{KILL_AT[step]}; last counters {killed}")
     print(f"at the kill: {await crash_picture(dep, worker.datadir)}")
     # The timer closed episodes by event time before the kill, and the stream was not done.
     assert killed["closed_by_timer"] > 0, killed

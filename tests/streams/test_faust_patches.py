@@ -979,6 +979,25 @@ async def test_an_event_delivered_before_a_rebalance_is_skipped_not_acked(taking
     await batches.aclose()
 
 
+async def test_an_empty_batch_when_the_buffer_runs_dry_with_events_held(taking):
+    """The agent holding events it has not acked (their states not written yet) gets an
+    empty batch as soon as the buffer is empty, to write them: Faust's rebalance empties the
+    buffer and then waits for every delivered event's ack."""
+    app, stream = taking
+    held: list[Any] = []
+    _put(app, stream, range(2))
+    batches = faust_patches.take_batches(stream, 10, 0.001, lambda: bool(held))
+    held.extend(await batches.__anext__())
+    assert await _next(batches) == []  # nothing buffered, events held: write them
+    held.clear()
+    taking_ = asyncio.ensure_future(batches.__anext__())
+    await asyncio.sleep(0.05)
+    assert not taking_.done()  # nothing held: it waits for input
+    _put(app, stream, range(2, 3))
+    assert [e.message.offset for e in await asyncio.wait_for(taking_, SCENARIO_TIMEOUT_S)] == [2]
+    await batches.aclose()
+
+
 @pytest.mark.parametrize("waiting", [True, False])
 async def test_take_batches_ends_when_the_stream_ends(taking, waiting):
     """The channel thrown StopAsyncIteration (a worker's shutdown) ends the batches, as it

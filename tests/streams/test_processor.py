@@ -380,3 +380,37 @@ def test_inputs_are_counted_per_partition_and_closed_episodes_per_reason(config)
         assert processor.counts[outcome] == total, outcome
     assert processor.closed_by_reason == {"end": 1, "timeout": 1}
     assert processor.counts["episodes"] == 2 and processor.counts["closed_by_timer"] == 1
+
+
+def test_held_users_are_read_by_later_batches_never_evicted_and_written_once(config):
+    """The worker's held states (`Processor.hold`): the next batch reads a held user's newest
+    state, the cache never evicts one, and the write takes each user once, newest state."""
+    processor = Processor(config, events_topic=EVENTS, ticks_topic=TICKS, cache_users=4)
+    table = DictTable()
+
+    def apply(users, first_offset):
+        batch = processor.batch(table)
+        messages = [
+            _message(first_offset + i, {"user": u, "ts": TS + i, "name": "limit.hit"})
+            for i, u in enumerate(users)
+        ]
+        processor.run_batch(batch, messages, lambda p: False, lambda: WALL)
+        processor.hold(batch)
+
+    apply(["u1", "u2"], 0)
+    apply(["u1", "u3"], 2)
+    cache = processor.cache
+    assert set(cache.unwritten) == {b"u1", b"u2", b"u3"} and table.writes == 0
+    for n in range(10):  # others pass through the cache: only written users are evicted
+        cache.put(f"x{n}".encode(), cache.peek(b"u2"))
+    assert set(cache.unwritten) == {b"u1", b"u2", b"u3"}
+    assert len(cache.users) + len(cache.unwritten) == 4
+    writes = processor.unwritten_writes()
+    assert [key for key, _, _ in writes] == [b"u1", b"u2", b"u3"]
+    assert decode_stored(writes[0][1], config).inputs == 2  # both batches' inputs
+    processor.written()
+    assert not cache.unwritten
+    assert cache.peek(b"u1") is not None and cache.peek(b"u1").inputs == 2
+    apply(["u4"], 4)
+    processor.forget([0])  # the partition revoked: held users go too
+    assert not cache.unwritten and cache.peek(b"u4") is None

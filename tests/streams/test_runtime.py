@@ -6,6 +6,7 @@ batch applies meanwhile but writes nothing before that."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from faust.types import TP
 
 from schemas.config import load_config
+from schemas.stored import decode_stored
 from streams import app as app_module
 from streams import faust_patches
 from streams.processor import Processor, Table
@@ -25,11 +27,15 @@ CONFIG = "examples/oracular.yaml"
 WAIT_S = 10.0  # generous: only a broken ordering waits this long
 
 
+class _Message(SimpleNamespace):
+    __hash__ = object.__hash__  # in the consumer's unacked set, as Faust's messages are
+
+
 class FakeEvent:
     """A Faust event as the agent takes it: its message, and `ack` (True the first time)."""
 
     def __init__(self, topic: str, partition: int, offset: int, value: dict[str, Any]) -> None:
-        self.message = SimpleNamespace(
+        self.message = _Message(
             topic=topic,
             partition=partition,
             offset=offset,
@@ -76,6 +82,16 @@ class GatedTable(Table):
 
 @pytest.fixture
 def runtime(monkeypatch):
+    return _runtime(monkeypatch, cache_users=0)  # every batch writes its states (no cache)
+
+
+@pytest.fixture
+def holding(monkeypatch):
+    """A runtime with the cache of decoded users on, so states may be held (the default)."""
+    return _runtime(monkeypatch, cache_users=1000)
+
+
+def _runtime(monkeypatch: Any, cache_users: int) -> Any:
     settings = settings_from_env({})
     topics = settings.topics
     producer = FakeProducer(room=1000)
@@ -86,7 +102,8 @@ def runtime(monkeypatch):
 
     app = SimpleNamespace(
         consumer_generation_id=1,
-        consumer=SimpleNamespace(_committed_offset={}),
+        consumer=SimpleNamespace(_committed_offset={}, _unacked_messages=set()),
+        crashed=False,
         producer=SimpleNamespace(_ensure_producer=lambda: producer),
         sensors=SimpleNamespace(on_message_out=lambda *_: None),
         crash=crash,
@@ -97,7 +114,10 @@ def runtime(monkeypatch):
 
     monkeypatch.setattr(faust_patches, "key_partitioner", partitioner)
     processor = Processor(
-        load_config(CONFIG), events_topic=topics.events.name, ticks_topic=topics.ticks.name
+        load_config(CONFIG),
+        events_topic=topics.events.name,
+        ticks_topic=topics.ticks.name,
+        cache_users=cache_users,
     )
     outputs = {
         role: name
@@ -195,3 +215,101 @@ async def test_the_last_batch_is_acked_without_another_one(runtime):
     await runtime.run_batch(first)
     runtime.table.gates[0].set_result(None)
     await _until(lambda: first[0].acked)
+
+
+def _stored_inputs(runtime: Any, user: bytes) -> int:
+    return decode_stored(runtime.table.values[user], runtime.processor.config).inputs
+
+
+async def test_while_a_backlog_waits_several_batches_write_each_user_once(holding):
+    """Input waiting in the buffer: the batches' outputs go out batch by batch, their states
+    are held and written together, one changelog record per user, and their inputs are acked
+    once that changelog is acknowledged."""
+    runtime, table, producer = holding, holding.table, holding.producer
+    runtime.buffered = lambda: 100  # a backlog
+    first = _events(runtime, ["u1", "u2"], 0)
+    await runtime.run_batch(first)
+    outputs_of_first = len(producer.batches)
+    assert outputs_of_first > 0  # the outputs did not wait
+    second = _events(runtime, ["u1", "u3"], 2)
+    await runtime.run_batch(second)
+    assert len(producer.batches) > outputs_of_first
+    assert table.handed == [] and table.values == {}  # held: nothing written yet
+    # A lookup (the cache's `peek`) already answers with the newest state.
+    held_u1 = runtime.processor.cache.peek(b"u1")
+    assert held_u1 is not None and held_u1.inputs == 2
+
+    runtime.buffered = lambda: 0  # caught up: this batch writes all that is held
+    third = _events(runtime, ["u4"], 4)
+    await runtime.run_batch(third)
+    assert table.handed == [[b"u1", b"u2", b"u3", b"u4"]]  # each user once
+    assert _stored_inputs(runtime, b"u1") == 2
+    assert not any(event.acked for event in first + second + third)
+    table.gates[0].set_result(None)
+    await runtime.finished()
+    assert all(event.acked for event in first + second + third)
+    assert not runtime.processor.cache.unwritten and not runtime.held
+    assert runtime.processor.cache.peek(b"u1") is held_u1  # cached as written
+
+
+async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
+    """`take_batches` gives an empty batch when the buffer is empty and events are held."""
+    runtime = holding
+    runtime.buffered = lambda: 100
+    first = _events(runtime, ["u1"], 0)
+    await runtime.run_batch(first)
+    assert runtime.table.handed == []
+    await runtime.run_batch([])
+    assert runtime.table.handed == [[b"u1"]]
+    runtime.table.gates[0].set_result(None)
+    await runtime.finished()
+    assert first[0].acked
+
+
+async def test_states_are_held_at_most_the_write_interval(holding):
+    runtime = holding
+    runtime.buffered = lambda: 100
+    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    assert runtime.table.handed == []
+    runtime._held_since -= runtime.settings.state_write_interval_s  # the interval is over
+    await runtime.run_batch(_events(runtime, ["u2"], 1))
+    assert runtime.table.handed == [[b"u1", b"u2"]]
+
+
+async def test_a_zero_write_interval_writes_every_batch(holding):
+    runtime = holding
+    runtime.settings = dataclasses.replace(runtime.settings, state_write_interval_s=0.0)
+    runtime.buffered = lambda: 100
+    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    assert runtime.table.handed == [[b"u1"]]
+
+
+async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(holding):
+    """Fenced or cut short by a rebalance, held states are never written late: the inputs
+    are taken off the unacked set for the partitions' owners to read again, and the next
+    batch reads the user from the table."""
+    runtime = holding
+    runtime.buffered = lambda: 100
+    first = _events(runtime, ["u1"], 0)
+    await runtime.run_batch(first)
+    runtime.app.consumer._unacked_messages.add(first[0].message)
+    runtime.processor.forget([0])
+    runtime.revoked([0])
+    assert not runtime.held and not runtime.processor.cache.unwritten
+    assert not runtime.app.consumer._unacked_messages and not first[0].acked
+    assert runtime.processor.cache.peek(b"u1") is None
+    await runtime.run_batch([])  # nothing held: nothing to write
+    assert runtime.table.handed == []
+
+
+async def test_the_agent_writes_what_it_holds_when_it_stops(holding):
+    runtime = holding
+    runtime.buffered = lambda: 100
+    first = _events(runtime, ["u1"], 0)
+    await runtime.run_batch(first)
+    stopping = asyncio.ensure_future(runtime.stopping())
+    await _until(lambda: runtime.table.handed)
+    assert runtime.table.handed == [[b"u1"]]
+    runtime.table.gates[0].set_result(None)
+    await stopping
+    assert first[0].acked
