@@ -134,10 +134,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "decoded user states kept between batches, least recently used evicted (0: no "
             "cache); each costs a few KiB and saves a read and a decode (BENCHMARKS.md)"),
     Setting("state_write_interval_s", "ORACULAR_STATE_WRITE_INTERVAL_S", float, 2.0,
-            "while input waits in the worker's buffer (a backlog), the states of the batches "
-            "applied are written together, at the latest this long after the first: one "
-            "changelog record per user instead of one per batch; their inputs are acked once "
-            "written (0: every batch writes its own; docs/operations.md)"),
+            "while a full batch waits in the worker's buffer (a backlog), the states of the "
+            "batches applied are written together, at the latest this long after the first: "
+            "one changelog record per user instead of one per batch; their inputs are acked "
+            "once written (0: every batch writes its own; docs/operations.md)"),
     Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.005,
             "how long the agent waits to fill a batch after the last one: latency against "
             "batch size (5 ms: p99 22-24 ms at half load against 37-43 ms with 10 ms; a "

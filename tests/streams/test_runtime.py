@@ -226,7 +226,7 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     are held and written together, one changelog record per user, and their inputs are acked
     once that changelog is acknowledged."""
     runtime, table, producer = holding, holding.table, holding.producer
-    runtime.buffered = lambda: 100  # a backlog
+    runtime.buffered = lambda: 1000  # a backlog: more than a batch waits
     first = _events(runtime, ["u1", "u2"], 0)
     await runtime.run_batch(first)
     outputs_of_first = len(producer.batches)
@@ -255,7 +255,7 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
 async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
     """`take_batches` gives an empty batch when the buffer is empty and events are held."""
     runtime = holding
-    runtime.buffered = lambda: 100
+    runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await runtime.run_batch(first)
     assert runtime.table.handed == []
@@ -268,7 +268,7 @@ async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
 
 async def test_states_are_held_at_most_the_write_interval(holding):
     runtime = holding
-    runtime.buffered = lambda: 100
+    runtime.buffered = lambda: 1000
     await runtime.run_batch(_events(runtime, ["u1"], 0))
     assert runtime.table.handed == []
     runtime._held_since -= runtime.settings.state_write_interval_s  # the interval is over
@@ -276,10 +276,19 @@ async def test_states_are_held_at_most_the_write_interval(holding):
     assert runtime.table.handed == [[b"u1", b"u2"]]
 
 
+async def test_a_few_events_waiting_do_not_hold_the_states(holding):
+    """Live traffic: events that arrived while a batch's outputs were on their way are no
+    backlog; holding states then made seconds' worth of them one write (a 100 ms pause)."""
+    runtime = holding
+    runtime.buffered = lambda: runtime.settings.batch_max - 1
+    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    assert runtime.table.handed == [[b"u1"]]
+
+
 async def test_a_zero_write_interval_writes_every_batch(holding):
     runtime = holding
     runtime.settings = dataclasses.replace(runtime.settings, state_write_interval_s=0.0)
-    runtime.buffered = lambda: 100
+    runtime.buffered = lambda: 1000
     await runtime.run_batch(_events(runtime, ["u1"], 0))
     assert runtime.table.handed == [[b"u1"]]
 
@@ -289,7 +298,7 @@ async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(h
     are taken off the unacked set for the partitions' owners to read again, and the next
     batch reads the user from the table."""
     runtime = holding
-    runtime.buffered = lambda: 100
+    runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await runtime.run_batch(first)
     runtime.app.consumer._unacked_messages.add(first[0].message)
@@ -304,7 +313,7 @@ async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(h
 
 async def test_the_agent_writes_what_it_holds_when_it_stops(holding):
     runtime = holding
-    runtime.buffered = lambda: 100
+    runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await runtime.run_batch(first)
     stopping = asyncio.ensure_future(runtime.stopping())
