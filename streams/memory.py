@@ -13,13 +13,20 @@ class GcPolicy:
     The cache of decoded states and the deadline index are large and long-lived; left in the
     collector's generations, every full (generation 2) collection walks them: 40 to 120 ms
     pauses, several a minute, at 2,400 events/s with 10,000 users, which were the worker's
-    whole p99 latency (BENCHMARKS.md). So young objects are collected and the survivors
-    frozen (`gc.freeze`, which only moves them aside) every `FREEZE_S`: a full collection
-    then walks at most a second's worth of survivors. Frozen objects are still freed by
-    reference counting when a state is evicted (the states hold no reference cycles). Once an
-    hour everything is unfrozen and fully collected, so cyclic garbage that happened to be
-    frozen is reclaimed: one long pause an hour. Collections slower than `SLOW_PAUSE_S` are
-    logged, so a pause that comes back shows.
+    whole p99 latency (BENCHMARKS.md). So every `FREEZE_S` whatever is in the generations is
+    frozen (`gc.freeze`, which only moves it aside): a collection then walks at most a
+    second's worth of new objects. Frozen objects are still freed by reference counting when
+    a state is replaced or evicted (the states hold no reference cycles). Once an hour
+    everything is unfrozen and fully collected, so cyclic garbage that was frozen is
+    reclaimed: one long pause an hour. Collections slower than `SLOW_PAUSE_S` are logged, so a
+    pause that comes back shows.
+
+    The per-second freeze does not collect first. A second's new objects are mostly the
+    states of that second's users, all alive; collecting them before freezing found nothing
+    to free in the worker (bad input, dead letters and lookups make no cycles either) and
+    cost 20-40 ms a second at 8,000 events/s, a pause on the loop every second
+    (BENCHMARKS.md). The cost: cyclic garbage made between two young collections waits for
+    the hourly collection.
     """
 
     FREEZE_S: Final = 1.0
@@ -66,13 +73,14 @@ class GcPolicy:
         gc.set_threshold(GcPolicy.YOUNG_THRESHOLD, middle, old)
 
     def freeze(self) -> None:
-        """Collect the young generations and freeze what survives."""
+        """Collect the young generations and freeze what survives (once, after a recovery
+        or the hourly collection)."""
         gc.collect(1)
         gc.freeze()
         self.frozen_at = time.monotonic()
 
     def tick(self) -> None:
-        """Freeze, or thaw and collect everything, when it is time."""
+        """Freeze (without collecting), or thaw and collect everything, when it is time."""
         now = time.monotonic()
         if now - self.thawed_at >= self.THAW_S:
             gc.unfreeze()
@@ -80,4 +88,5 @@ class GcPolicy:
             self.thawed_at = now
             self.freeze()
         elif now - self.frozen_at >= self.FREEZE_S:
-            self.freeze()
+            gc.freeze()
+            self.frozen_at = now
