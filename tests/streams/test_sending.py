@@ -110,3 +110,37 @@ async def test_the_key_partitioner_is_the_one_producer_send_uses():
         assert {choose(k) for k in keys} == eight
     finally:
         await producer.stop()
+
+
+async def test_remembered_partitions_follow_the_topics_partitions(monkeypatch):
+    """`key_partitioner` remembers a key's partition (murmur2 is pure Python): remembered or
+    not, it is the partitioner's, also after the topic's partitions change; a None key (a
+    random partition) is never remembered."""
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
+    partitions = set(range(8))
+    try:
+        producer._metadata = SimpleNamespace(
+            partitions_for_topic=lambda topic: partitions,
+            available_partitions_for_topic=lambda topic: partitions,
+        )
+
+        async def known(topic: str) -> None:
+            return None
+
+        producer.client._wait_on_metadata = known
+        default = DefaultPartitioner()
+        keys = [f"user-{i}".encode() for i in range(300)]
+        for count in (8, 8, 12, 8):  # the same, then more partitions, then as before
+            partitions = set(range(count))
+            choose = await faust_patches.key_partitioner(producer, "remembered")
+            every = sorted(partitions)
+            assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
+        assert len(faust_patches._key_partitions["remembered"][1]) == len(keys)
+        assert {choose(None) for _ in range(200)} == partitions  # random, as `send` picks
+        monkeypatch.setattr(faust_patches, "KEY_PARTITIONS_CACHED", 10)  # full: starts over
+        choose = await faust_patches.key_partitioner(producer, "remembered")
+        faust_patches._key_partitions["remembered"][1].clear()
+        assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
+        assert len(faust_patches._key_partitions["remembered"][1]) <= 10
+    finally:
+        await producer.stop()
