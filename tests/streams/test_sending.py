@@ -144,3 +144,27 @@ async def test_remembered_partitions_follow_the_topics_partitions(monkeypatch):
         assert len(faust_patches._key_partitions["remembered"][1]) <= 10
     finally:
         await producer.stop()
+
+
+async def test_the_workers_record_batches_take_a_backlogs_states(tmp_path):
+    """A write of a backlog's held states (thousands of 1-2 KiB changelog records) fills a
+    few record batches per partition, not dozens of Faust's default 16 KiB: aiokafka hands a
+    partition's next batch over only once the one before it is on its way."""
+    from schemas.config import load_config
+    from streams.app import PRODUCER_BATCH_BYTES, create_app
+    from streams.settings import settings_from_env
+
+    settings = settings_from_env({"ORACULAR_DATADIR": str(tmp_path / "state")})
+    app = create_app(settings, load_config("examples/oracular.yaml"))
+    assert app.conf.producer_max_batch_size == PRODUCER_BATCH_BYTES
+    assert PRODUCER_BATCH_BYTES < 1_048_588  # the broker's default limit on a record batch
+    producer = AIOKafkaProducer(
+        bootstrap_servers="127.0.0.1:1", max_batch_size=app.conf.producer_max_batch_size
+    )
+    try:
+        batch, taken = producer.create_batch(), 0
+        while batch.append(key=b"user-1", value=b"s" * 1500, timestamp=None) is not None:
+            taken += 1
+        assert taken >= 150
+    finally:
+        await producer.stop()
