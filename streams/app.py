@@ -51,8 +51,9 @@ a backlog's held states (a few thousand changelog records of 1-2 KiB) came to do
 batches per partition, and aiokafka hands a partition's next batch over only once the one
 before it is on its way: a write of 4,000 states spent 150 ms in those waits. Well below the
 broker's 1 MiB limit on a record batch (`message.max.bytes`)."""
-TIMER_CLOSES_PER_BATCH: Final = 500
-"""A batch of 500 timer closes takes about 0.1 s: the longest a mass close holds input up."""
+TIMER_CLOSES_PER_BATCH: Final = 1_500
+"""The longest a mass close holds input up: a batch of 1,500 timer closes takes about 0.1 s
+(closes 28 µs each, their states' encoding 20 µs each, outputs and changelog; BENCHMARKS.md)."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -259,6 +260,8 @@ class _Runtime:
         )
         self.processor.counts["refetched"] = self.gaps.filled
         self.processor.run_batch(batch, messages, self.positions.caught_up, _wall_ms)
+        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch:
+            await self.tick_again()  # the next tick travels while this batch is written
         clock.lap("apply")
         # The previous batch's changelog was on its way while this one applied (it read those
         # states from the cache and the store, written before). It must be acknowledged before
@@ -287,8 +290,6 @@ class _Runtime:
         if not self._may_defer(generation):
             writes = await self._write(generation)
         clock.lap("states")
-        if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch
-            await self.tick_again()
         clock.report(len(messages), len(batch.outputs), writes)
 
     def _may_defer(self, generation: int) -> bool:
