@@ -66,9 +66,10 @@ def run(inputs: list[InMessage]) -> float:
     for start in range(0, len(inputs), BATCH):
         batch = processor.batch(table)
         processor.run_batch(batch, inputs[start : start + BATCH], lambda _: True, lambda: wall)
-        for key, value, context in batch.writes():
+        processor.hold(batch)  # as the worker does once a batch's outputs are out
+        for key, value, context in processor.unwritten_writes():
             table.set(key, value, context)
-        processor.remember(batch)
+        processor.written()
     took = time.perf_counter() - started
     if processor.counts["applied"] != len(inputs):  # measuring dead letters would be no use
         msg = f"only {processor.counts['applied']} of {len(inputs)} inputs applied"

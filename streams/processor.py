@@ -179,11 +179,8 @@ class StateCache:
         self.hits = self.misses = 0
 
     def get(self, key: bytes) -> StoredUser | None:
-        """The cached user, now the most recently used, or None."""
-        slot = self.unwritten.get(key)
-        if slot is not None:
-            self.hits += 1
-            return slot.user
+        """The cached written user, now the most recently used, or None (a batch reads an
+        unwritten one from `unwritten` first, with the context it is to be written on)."""
         user = self.users.get(key)
         if user is None:
             self.misses += 1
@@ -327,7 +324,7 @@ class Processor:
         self.rewrite: dict[int, list[bytes]] = {}
         """Partition -> users to write again on its next batch (see `rebuild`)."""
         self.cache = StateCache(cache_users)
-        """Decoded users between batches (see `batch` and `remember`)."""
+        """Decoded users between batches (see `batch`, `hold` and `written`)."""
         self.timer_closes_per_batch = timer_closes_per_batch
         """Most episodes the timer closes in one batch (None: every due one). When a
         partition's watermark jumps (live input after a backlog of old events), thousands of
@@ -350,13 +347,6 @@ class Processor:
             unwritten=self.cache.unwritten,
             timer_closes_left=self.timer_closes_per_batch,
         )
-
-    def remember(self, batch: Batch) -> None:
-        """Cache the batch's users: call once its states are stored and acknowledged."""
-        cache = self.cache
-        if cache.limit > 0:
-            for key, slot in batch.slots.items():
-                cache.put(key, slot.user)
 
     def hold(self, batch: Batch) -> None:
         """Keep the batch's users for the next batches: the users it changed as unwritten
