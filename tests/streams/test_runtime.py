@@ -217,6 +217,12 @@ async def test_the_last_batch_is_acked_without_another_one(runtime):
     await _until(lambda: first[0].acked)
 
 
+async def _bounded(step: Any) -> None:
+    """Await a batch step, failing (not hanging) when it waits for a gate that no test opens:
+    a batch that wrote when it should have held its states waits for the changelog gate."""
+    await asyncio.wait_for(step, WAIT_S)
+
+
 def _stored_inputs(runtime: Any, user: bytes) -> int:
     return decode_stored(runtime.table.values[user], runtime.processor.config).inputs
 
@@ -228,11 +234,11 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     runtime, table, producer = holding, holding.table, holding.producer
     runtime.buffered = lambda: 1000  # a backlog: more than a batch waits
     first = _events(runtime, ["u1", "u2"], 0)
-    await runtime.run_batch(first)
+    await _bounded(runtime.run_batch(first))
     outputs_of_first = len(producer.batches)
     assert outputs_of_first > 0  # the outputs did not wait
     second = _events(runtime, ["u1", "u3"], 2)
-    await runtime.run_batch(second)
+    await _bounded(runtime.run_batch(second))
     assert len(producer.batches) > outputs_of_first
     assert table.handed == [] and table.values == {}  # held: nothing written yet
     # A lookup (the cache's `peek`) already answers with the newest state.
@@ -241,7 +247,7 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
 
     runtime.buffered = lambda: 0  # caught up: this batch writes all that is held
     third = _events(runtime, ["u4"], 4)
-    await runtime.run_batch(third)
+    await _bounded(runtime.run_batch(third))
     assert table.handed == [[b"u1", b"u2", b"u3", b"u4"]]  # each user once
     assert _stored_inputs(runtime, b"u1") == 2
     assert not any(event.acked for event in first + second + third)
@@ -257,9 +263,9 @@ async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
     runtime = holding
     runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
-    await runtime.run_batch(first)
+    await _bounded(runtime.run_batch(first))
     assert runtime.table.handed == []
-    await runtime.run_batch([])
+    await _bounded(runtime.run_batch([]))
     assert runtime.table.handed == [[b"u1"]]
     runtime.table.gates[0].set_result(None)
     await runtime.finished()
@@ -269,10 +275,10 @@ async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
 async def test_states_are_held_at_most_the_write_interval(holding):
     runtime = holding
     runtime.buffered = lambda: 1000
-    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     assert runtime.table.handed == []
     runtime._held_since -= runtime.settings.state_write_interval_s  # the interval is over
-    await runtime.run_batch(_events(runtime, ["u2"], 1))
+    await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == [[b"u1", b"u2"]]
 
 
@@ -281,7 +287,7 @@ async def test_a_few_events_waiting_do_not_hold_the_states(holding):
     backlog; holding states then made seconds' worth of them one write (a 100 ms pause)."""
     runtime = holding
     runtime.buffered = lambda: runtime.settings.batch_max - 1
-    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     assert runtime.table.handed == [[b"u1"]]
 
 
@@ -289,7 +295,7 @@ async def test_a_zero_write_interval_writes_every_batch(holding):
     runtime = holding
     runtime.settings = dataclasses.replace(runtime.settings, state_write_interval_s=0.0)
     runtime.buffered = lambda: 1000
-    await runtime.run_batch(_events(runtime, ["u1"], 0))
+    await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     assert runtime.table.handed == [[b"u1"]]
 
 
@@ -300,14 +306,14 @@ async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(h
     runtime = holding
     runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
-    await runtime.run_batch(first)
+    await _bounded(runtime.run_batch(first))
     runtime.app.consumer._unacked_messages.add(first[0].message)
     runtime.processor.forget([0])
     runtime.revoked([0])
     assert not runtime.held and not runtime.processor.cache.unwritten
     assert not runtime.app.consumer._unacked_messages and not first[0].acked
     assert runtime.processor.cache.peek(b"u1") is None
-    await runtime.run_batch([])  # nothing held: nothing to write
+    await _bounded(runtime.run_batch([]))  # nothing held: nothing to write
     assert runtime.table.handed == []
 
 
@@ -315,7 +321,7 @@ async def test_the_agent_writes_what_it_holds_when_it_stops(holding):
     runtime = holding
     runtime.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
-    await runtime.run_batch(first)
+    await _bounded(runtime.run_batch(first))
     stopping = asyncio.ensure_future(runtime.stopping())
     await _until(lambda: runtime.table.handed)
     assert runtime.table.handed == [[b"u1"]]
