@@ -43,7 +43,7 @@ class ClosedEpisode:
     intents: Mapping[str, IntentVerdict]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built up to 3 times per event (see engine/state.py)
 class Transition:
     """A state transition's result: the next state and the episode it closed, if any."""
 

@@ -212,21 +212,32 @@ def beta_parameters(intent: IntentState, config: IntentConfig, at: int) -> tuple
     """Return (α, β) at `at`: the prior plus every signal's evidence decayed to `at`."""
     alpha = config.prior * config.prior_weight
     beta = (1.0 - config.prior) * config.prior_weight
-    for signal in sorted(intent.evidence):  # sorted: float sums must not depend on dict order
-        plus, minus = _evidence_at(intent, signal, config, at)
-        alpha += plus
-        beta += minus
+    evidence = intent.evidence
+    # sorted: float sums must not depend on dict order (one entry needs no sort). This runs
+    # twice per signal event, so `_evidence_at` is inlined: the same arithmetic.
+    half_life = config.half_life_ms
+    for signal in sorted(evidence) if len(evidence) > 1 else evidence:
+        added = evidence[signal]
+        elapsed = at - added.at
+        if half_life is None or elapsed <= 0:
+            alpha += added.alpha
+            beta += added.beta
+        else:
+            factor = decay_factor(elapsed, half_life)
+            alpha += added.alpha * factor
+            beta += added.beta * factor
     return alpha, beta
 
 
 def suppressed_until(intent: IntentState, config: IntentConfig, at: int) -> int | None:
     """End of the later cooldown (after a reveal, after an outcome) still running at `at`."""
-    ends = [
-        start + config.cooldown_ms
-        for start in (intent.last_revealed_at, intent.last_outcome_at)
-        if start is not None and at < start + config.cooldown_ms
-    ]
-    return max(ends) if ends else None
+    until = None
+    for start in (intent.last_revealed_at, intent.last_outcome_at):
+        if start is not None:
+            end = start + config.cooldown_ms
+            if at < end and (until is None or end > until):
+                until = end
+    return until
 
 
 def _prediction(intent: IntentState, config: IntentConfig, at: int) -> Prediction:

@@ -47,7 +47,7 @@ class Event:
     """The producer's event id, if any; output ids derive from it."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per event (see engine/state.py)
 class Step:
     """What one event did to its user's state."""
 
@@ -88,20 +88,25 @@ def apply_event(state: EngineState, event: Event) -> Step:
             raise InvalidEventError(msg)
         after = mark_revealed(state, event.intent, at)
         touched: tuple[str, ...] = (event.intent,)
-        return Step(event, at, after, _changed(_predictions(state, touched, at), after, at))
+        before = _predictions(state, touched, at)
+        return Step(event, at, after, _changed(before, _predictions(after, touched, at)))
     if not isinstance(event.name, str) or not event.name:
         msg = "an event needs a name (a non-empty string)"
         raise InvalidEventError(msg)
     outcome_of = config.outcome_index.get(event.name, ())
-    touched = tuple(dict.fromkeys((*outcome_of, *config.signal_index.get(event.name, ()))))
+    signal_of = config.signal_index.get(event.name, ())
     # The state as of `at` is both what the predictions before the event are read from and
     # what the event applies to: brought there once (an idle gap's close is the costly part).
     timed_out = close_timed_out(state, at)
     view = settle(timed_out.state, at)
+    transition = observe_settled(view, event.name, at, timed_out)
+    if not outcome_of and not signal_of:  # most events: no intent's prediction can change
+        return Step(event, at, transition.state, {}, transition.closed)
+    touched = tuple(dict.fromkeys((*outcome_of, *signal_of)))
     before = predict_settled(view, at, touched)
     wiped = {name: before[name] for name in outcome_of}
-    transition = observe_settled(view, event.name, at, timed_out)
-    predictions = _changed(before, transition.state, at)
+    # The next state is as of `at` already (its clock is `at`, the held episodes settled).
+    predictions = _changed(before, predict_settled(transition.state, at, touched))
     return Step(event, at, transition.state, predictions, transition.closed, wiped)
 
 
@@ -111,10 +116,9 @@ def _predictions(state: EngineState, intents: tuple[str, ...], at: int) -> dict[
 
 
 def _changed(
-    before: Mapping[str, Prediction], after: EngineState, at: int
+    before: Mapping[str, Prediction], now: Mapping[str, Prediction]
 ) -> dict[str, Prediction]:
-    """The intents of `before` whose prediction at `at` differs in `after`."""
-    now = _predictions(after, tuple(before), at)
+    """The predictions of `now` that differ from `before`'s."""
     return {name: new for name, new in now.items() if new != before[name]}
 
 

@@ -7,6 +7,11 @@ for what it changes and shares everything else with the previous state (structur
 Counts and evidence that decay are stored *valued at* a time (`at`): the stored number is the
 amount as of `at`, and a read at a later time t multiplies it by 2^(−(t − at)/halfLife).
 Exponential decay is linear, so this equals decaying every recorded amount from its own moment.
+
+The per-event results around a state (`Transition`, `Step`) and the stream's per-message
+records are plain slotted dataclasses instead: a frozen dataclass's generated `__init__` sets
+each field through `object.__setattr__`, about four times the cost of a plain one, and these
+are built for every event. Nothing changes them once built.
 """
 
 from __future__ import annotations

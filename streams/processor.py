@@ -112,7 +112,7 @@ class PartitionClock:
     """The highest watermark a tick has closed episodes at."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per input (see engine/state.py); never changed
 class InMessage:
     """One consumed record, from either the input topic or the ticks topic."""
 
@@ -126,7 +126,7 @@ class InMessage:
     """The Faust event it came from: table reads and writes for it use its partition."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per output (see engine/state.py); never changed
 class Output:
     """A message to publish: the output role (predictions, episodes, dlq), key and value."""
 
