@@ -318,9 +318,12 @@ class Processor:
         self.open: dict[int, dict[bytes, int]] = {}
         """Partition -> user key -> the timeout deadline of the user's open episode."""
         self.deadlines: dict[int, list[tuple[int, bytes]]] = {}
-        """Partition -> heap of (deadline, user key). An entry whose deadline is no longer
-        the user's (in `open`) is stale and skipped; the heap is compacted when stale entries
-        outnumber live ones, so it holds at most about two entries per open episode."""
+        """Partition -> heap of (deadline, user key): for every user in `open`, an entry at
+        or before its deadline there. An event that moves a deadline later (nearly every
+        event) pushes nothing: its old entry, once due, is filed again at the new deadline
+        (`close_due`). An entry of a user no longer in `open` is stale and skipped; the heap
+        is compacted when stale entries outnumber live ones, so it holds at most about two
+        entries per open episode."""
         self.rewrite: dict[int, list[bytes]] = {}
         """Partition -> users to write again on its next batch (see `rebuild`)."""
         self.cache = StateCache(cache_users)
@@ -660,8 +663,11 @@ class Processor:
                 self.more_due.add(partition)  # the rest on the next tick (`more_due`)
                 break
             deadline, key = heapq.heappop(heap)
-            if live.get(key) != deadline:
-                continue  # stale: a later event moved the deadline; its own entry is in the heap
+            current = live.get(key)
+            if current != deadline:
+                if current is not None and current > deadline:  # moved later by an event
+                    heapq.heappush(heap, (current, key))
+                continue  # else stale: the episode closed, or an entry of its own is earlier
             del live[key]
             try:
                 slot = batch.slot(key, message)
@@ -795,9 +801,10 @@ class Processor:
             live.pop(key, None)
             return
         deadline = episode.last_event_at + timeout
-        if live.get(key) == deadline:
-            return
+        filed = live.get(key)
         live[key] = deadline
+        if filed is not None and filed <= deadline:
+            return  # its entry at `filed` or earlier is in the heap (see `deadlines`)
         heap = self.deadlines.setdefault(partition, [])
         heapq.heappush(heap, (deadline, key))
         if len(heap) > 2 * len(live) + 1024:

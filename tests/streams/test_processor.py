@@ -272,6 +272,27 @@ def test_timer_close_then_event_equals_the_lazy_close(config):
     }
 
 
+def test_a_moved_deadline_is_filed_again_once_its_old_entry_is_due(config):
+    """Later events of a user push no heap entry (the heap stays one entry per episode); a
+    tick past the first deadline but before the moved one closes nothing, files the entry
+    at the new deadline, and a tick past that closes the episode there, once."""
+    table, processor = DictTable(), _processor(config, lateness_ms=0)
+    events = [
+        _message(i, {"id": f"e{i}", "user": "u1", "name": "pricing.viewed", "ts": TS + i * MIN})
+        for i in range(5)
+    ]
+    _run(processor, table, events, wall=TS)
+    moved = TS + 4 * MIN + 30 * MIN
+    assert processor.open == {0: {b"u1": moved}}
+    assert processor.deadlines[0] == [(TS + 30 * MIN, b"u1")]
+    assert _run(processor, table, [_tick(sent_at=moved)], caught_up=True) == []
+    assert processor.deadlines[0] == [(moved, b"u1")]
+    [(role, _, episode)] = _run(processor, table, [_tick(sent_at=moved + 1)], caught_up=True)
+    assert (role, episode["closed_at"], episode["reason"]) == ("episodes", moved, "timeout")
+    assert processor.open == {0: {}} and processor.deadlines[0] == []
+    assert _run(processor, table, [_tick(sent_at=moved + 60 * MIN)], caught_up=True) == []
+
+
 def _state(raw, config):
     stored = decode_stored(raw, config)
     return stored.state, stored.inputs, stored.episodes, stored.last_offset
