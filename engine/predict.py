@@ -19,7 +19,7 @@ from engine.learning import counts_at, decay_factor, effective_weight
 from engine.state import EngineState, IntentState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class Prediction:
     """An intent's estimate at one moment."""
 

@@ -31,7 +31,7 @@ END_OF_TIME: Final = (1 << 63) - 1
 """The default watermark at the end of a replay: every open episode with a timeout is due."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class Event:
     """One input: an analytics event, a sign-out (`end`) or a reveal (`revealed`)."""
 

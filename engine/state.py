@@ -1,4 +1,4 @@
-"""The engine's state: frozen records, replaced wholesale on every change, never mutated.
+"""The engine's state: records replaced wholesale on every change, never mutated.
 
 Mappings inside the state are plain dicts treated as read-only: a transition builds new dicts
 for what it changes and shares everything else with the previous state (structural sharing), so
@@ -8,10 +8,13 @@ Counts and evidence that decay are stored *valued at* a time (`at`): the stored 
 amount as of `at`, and a read at a later time t multiplies it by 2^(−(t − at)/halfLife).
 Exponential decay is linear, so this equals decaying every recorded amount from its own moment.
 
-The per-event results around a state (`Transition`, `Step`) and the stream's per-message
-records are plain slotted dataclasses instead: a frozen dataclass's generated `__init__` sets
-each field through `object.__setattr__`, about four times the cost of a plain one, and these
-are built for every event. Nothing changes them once built.
+The records are plain slotted dataclasses, not frozen ones, and so are the per-event results
+around them (`Transition`, `Step`, `Prediction`) and the stream's per-message records: a
+frozen dataclass's generated `__init__` sets each field through `object.__setattr__`, about
+four times the cost of a plain one, and an event builds about a dozen records (a sixth of the
+engine's CPU went to those constructors). Nothing changes a record once built: every function
+here returns new ones, and a caller must not assign to them either. They hash by value
+(`unsafe_hash`, safe because they are never changed) as frozen ones would.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class SignalRecord:
     """Learned counts: episodes with (hits) and without (misses) the outcome.
 
@@ -41,7 +44,7 @@ EpisodeCounts = SignalRecord
 """The intent's base-rate counts have the same shape as a signal's."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class Evidence:
     """Evidence one signal added to the intent's Beta, valued at `at` (decays with halfLife)."""
 
@@ -50,7 +53,7 @@ class Evidence:
     at: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class PendingEpisode:
     """A closed episode an attribution intent holds while it waits for the outcome."""
 
@@ -61,7 +64,7 @@ class PendingEpisode:
     A list, never mutated (replaced with the episode)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class IntentState:
     """Everything one intent remembers for one user."""
 
@@ -82,7 +85,7 @@ class IntentState:
     last_revealed_at: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class EpisodeState:
     """The one open episode, shared by all intents; both fields None when none is open."""
 
@@ -94,7 +97,7 @@ class EpisodeState:
 NO_EPISODE = EpisodeState()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class EngineState:
     """One user's engine state. Build it with `create_state(config)`."""
 

@@ -359,8 +359,10 @@ class Processor:
         unwritten = cache.unwritten
         for key, slot in batch.slots.items():
             if slot.dirty:
+                # The user's older state may stay in `users` until `written` replaces it:
+                # every read looks in `unwritten` first, and an entry of `users` is always a
+                # written state, the one to read again if the held ones are dropped.
                 unwritten[key] = slot
-                cache.users.pop(key, None)  # the older state; `written` caches this one
             elif key not in unwritten:
                 cache.put(key, slot.user)
 
