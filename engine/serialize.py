@@ -80,7 +80,8 @@ def intent_to_record(intent: IntentState) -> list[Any]:
     """One intent's part of `state_to_record` (the value under its name)."""
     return [
         _counts(intent.episodes),
-        {name: _counts(record) for name, record in intent.learned.items()},
+        # `_counts` inlined: every write of a changed intent runs this for each signal
+        {name: [r.hits, r.misses, r.at] for name, r in intent.learned.items()},
         {name: [e.alpha, e.beta, e.at] for name, e in intent.evidence.items()},
         dict(intent.seen),
         intent.resolved,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -423,12 +423,41 @@ _JSON_CHECKED: Final = json.JSONDecoder(
 
 
 def _parse_msgpack(raw: bytes) -> object:
+    """The message's value, duplicate keys refused.
+
+    A flat map (the usual event) is parsed without the duplicate-key hook, a Python call per
+    map: its header says how many entries it has, so a parsed dict with fewer had a duplicate.
+    Anything else (nested containers, whose headers are not at hand) is parsed again with it.
+    """
+    parsed = _unpack(raw, None)
+    if isinstance(parsed, dict) and len(parsed) == _map_length(raw):
+        for value in parsed.values():
+            if isinstance(value, dict | list):
+                break
+        else:
+            return parsed
+    return _unpack(raw, _unique_keys)
+
+
+def _map_length(raw: bytes) -> int | None:
+    """The entry count in the header of the msgpack map `raw` starts with (else None)."""
+    first = raw[0]
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE:
+        return int.from_bytes(raw[1:3], "big")
+    if first == 0xDF:
+        return int.from_bytes(raw[1:5], "big")
+    return None
+
+
+def _unpack(raw: bytes, pairs_hook: Callable[[list[tuple[Any, Any]]], object] | None) -> object:
     try:
         return msgpack.unpackb(
             raw,
             raw=False,
             strict_map_key=True,
-            object_pairs_hook=_unique_keys,
+            object_pairs_hook=pairs_hook,
             ext_hook=_reject_ext,
             max_str_len=4 * MAX_TEXT,  # UTF-8 takes at most 4 bytes a character
             max_bin_len=MAX_TEXT,

@@ -565,10 +565,14 @@ def _fetched_after_seeks(consumer: Any, tp: TP, offset: int) -> bool:
 
     True when the position is unknown because the consumer is not aiokafka's (no check).
     """
-    if _aiokafka_consumer(consumer) is None:
+    # `fetch_position` inlined (this runs twice for every record delivered)
+    client = getattr(getattr(consumer, "_thread", None), "_consumer", None)
+    if client is None:
         return True
-    position = fetch_position(consumer, tp)
-    return position is not None and position > offset
+    subscription = client._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    state = None if assignment is None else assignment.state_value(tp)
+    return state is not None and state.has_valid_position and state.position > offset
 
 
 def _keep_delivered_positions(consumer: Any) -> None:

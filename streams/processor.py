@@ -416,7 +416,10 @@ class Processor:
         caught_up: Callable[[int], bool],
         wall_ms: Callable[[], int],
     ) -> None:
-        """Apply `messages` in order; outputs and writes accumulate in `batch`."""
+        """Apply `messages` in order; outputs and writes accumulate in `batch`. The wall
+        clock is read once for the batch's inputs (a batch lasts milliseconds; the clock only
+        decides idleness and clocks running ahead by far more) and at each tick."""
+        now: int | None = None
         for message in messages:
             partition = message.partition
             if self.rewrite and partition in self.rewrite:
@@ -428,7 +431,9 @@ class Processor:
                 self.counts["beyond_end"] += 1
                 continue
             self._check_contiguous(message)
-            self.on_input(batch, message, wall_ms())
+            if now is None:
+                now = wall_ms()
+            self.on_input(batch, message, now)
             self.next_offset[partition] = max(
                 self.next_offset.get(partition, 0), message.offset + 1
             )

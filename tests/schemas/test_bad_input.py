@@ -545,6 +545,22 @@ BAD_INPUTS = [
         "key 'user' appears more than once in one map/object",
         id="msgpack-duplicate-keys",
     ),
+    pytest.param(  # a map 16 header (16 entries or more), flat: parsed without the hook
+        b"\xde\x00\x12\xa4user\xa2u1\xa4name\xa1x\xa2ts\x01"
+        + b"".join(bytes((0xA2, 0x6B, 0x30 + i, i)) for i in range(14))
+        + b"\xa4name\xa1y",
+        None,
+        DecodeError,
+        "key 'name' appears more than once in one map/object",
+        id="msgpack-map16-duplicate-keys",
+    ),
+    pytest.param(  # nested: parsed again with the hook, which finds the inner duplicate
+        b"\x84\xa4user\xa2u1\xa4name\xa1x\xa2ts\x01\xa1p\x82\xa1a\x01\xa1a\x02",
+        None,
+        DecodeError,
+        "key 'a' appears more than once in one map/object",
+        id="msgpack-nested-duplicate-keys",
+    ),
     # --- documented as ignored, not dead-lettered ---
     pytest.param(
         _json({"type": "identify", "userId": "u1", "traits": {"plan": "pro"}}),
