@@ -101,6 +101,9 @@ async def _drain_messages(self: Consumer, fetcher: Any) -> None:  # pragma: no c
     6. A record is delivered by stepping the delivery coroutine in this task, not as a task
        raced against three others (`_run_delivery`); only a delivery that has to wait is
        raced against the flow's suspension.
+    7. A record goes straight to the conductor's handler for its partition while no
+       resubscription holds the conductor's lock (`_handler`), not through the consumer's
+       callback, whose lookup under that lock cost two coroutines a record.
     """
     getmany = self.getmany
     consumer_should_stop = cast(Any, self)._stopped.is_set
@@ -162,7 +165,8 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
     if commit_every is not None and self._n_acked >= commit_every:
         self._n_acked = 0
         await self.commit()
-    delivery = cast(Coroutine[Any, Any, Any], self.callback(message))  # an async def call
+    handler = _handler(self, tp)
+    delivery = cast(Coroutine[Any, Any, Any], handler(message))  # an async def call
     if not await _run_delivery(self, delivery):
         return False
     if _fetched_after_seeks(self, tp, offset):
@@ -170,6 +174,22 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
         if current is None or current <= offset:
             read_offset[tp] = offset + 1
     return True
+
+
+def _handler(self: Consumer, tp: TP) -> Callable[[Any], Coroutine[Any, Any, Any]]:
+    """What delivers a record of `tp`: the conductor's handler for it, as the consumer's
+    callback (`Conductor.on_message` of 0.15.3) looks it up under the conductor's lock. That
+    lock only keeps the lookup off the map while a resubscription rebuilds it: when no one
+    holds it, the handler is taken straight from the map (the lock's enter and exit were two
+    of the seven coroutines a record cost). Otherwise, or for a partition not in the map, the
+    consumer's own callback, which waits for the lock (or raises as upstream does).
+    """
+    conductor = self.app.topics
+    if not conductor._tp_to_callback_lock.locked():
+        handler = conductor._tp_to_callback.get(tp)
+        if handler is not None:
+            return cast(Callable[[Any], Coroutine[Any, Any, Any]], handler)
+    return cast(Callable[[Any], Coroutine[Any, Any, Any]], self.callback)
 
 
 async def _run_delivery(self: Consumer, delivery: Coroutine[Any, Any, Any]) -> bool:

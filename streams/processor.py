@@ -194,8 +194,8 @@ class StateCache:
 
         Safe from another thread (the lookup API's): dict lookups, atomic under the GIL, that
         never mutate or iterate the cache. A user leaves `unwritten` only after it is in
-        `users`, so it is always in one of them; the StoredUser returned is replaced, never
-        changed, when its user changes, and its engine state is immutable.
+        `users`, so it is always in one of them; the StoredUser returned and its engine state
+        are replaced, never changed, when its user changes.
         """
         slot = self.unwritten.get(key)
         if slot is not None:

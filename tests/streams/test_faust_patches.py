@@ -67,6 +67,10 @@ SOURCE_SHA256 = {
     ),
 }
 
+CONDUCTOR_HANDLER_SHA256 = "9fbc0538097aa4eca6113b99df8d17605ae72a6b5030482f041a183f4cc34df1"
+"""`Conductor._compile_message_handler` of 0.15.3, whose lookup `faust_patches._handler`
+repeats without the lock when no one holds it."""
+
 
 @pytest.fixture
 def patched() -> Iterator[None]:
@@ -843,6 +847,35 @@ async def test_a_delivery_error_propagates(patched, workers):
         await faust_patches._run_delivery(consumer, fails_at_once())
     with pytest.raises(KeyError, match="later"):
         await faust_patches._run_delivery(consumer, fails_after_waiting())
+
+
+async def test_a_record_goes_straight_to_its_partitions_handler_while_the_lock_is_free():
+    """The conductor's handler for the record's partition, unless a resubscription holds the
+    conductor's lock or the partition has none: then the consumer's callback, which is the
+    conductor's `on_message` (it waits for the lock, or raises for an unknown partition)."""
+    app = faust.App(
+        "handler-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    consumer, conductor = app.consumer, app.topics
+    consumer._thread.thread_loop.close()  # the consumer thread's loop, never run here
+    assert consumer.callback == conductor.on_message
+    handler = object()
+    conductor._tp_to_callback[INPUT] = handler
+    assert faust_patches._handler(consumer, INPUT) is handler
+    assert faust_patches._handler(consumer, CHANGELOG) == conductor.on_message
+    async with conductor._tp_to_callback_lock:
+        assert faust_patches._handler(consumer, INPUT) == conductor.on_message
+
+
+def test_the_conductor_lookup_is_the_one_the_handler_patch_was_written_for():
+    """`_handler` repeats `Conductor.on_message`'s lookup: a change there must be re-read."""
+    from faust.transport.conductor import Conductor
+
+    source = inspect.getsource(Conductor._compile_message_handler)
+    assert hashlib.sha256(source.encode()).hexdigest() == CONDUCTOR_HANDLER_SHA256, (
+        "faust-streaming's Conductor._compile_message_handler changed: re-read it against "
+        "faust_patches._handler"
+    )
 
 
 def test_store_reads_and_writes_agree_with_fausts_own_on_each_partition(tmp_path):
