@@ -184,7 +184,7 @@ def _handler(self: Consumer, tp: TP) -> Callable[[Any], Coroutine[Any, Any, Any]
     of the seven coroutines a record cost). Otherwise, or for a partition not in the map, the
     consumer's own callback, which waits for the lock (or raises as upstream does).
     """
-    conductor = self.app.topics
+    conductor: Any = self.app.topics  # a Conductor: its private map and lock
     if not conductor._tp_to_callback_lock.locked():
         handler = conductor._tp_to_callback.get(tp)
         if handler is not None:
