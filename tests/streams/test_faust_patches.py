@@ -65,6 +65,9 @@ SOURCE_SHA256 = {
     "AIOKafkaConsumerThread._create_worker_consumer": (
         "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7"
     ),
+    "ProducerBuffer.wait_until_ebb": (
+        "758dd5744044071bbc79609fa8e5bfc339818f186bc19b723de2c4c877412e00"
+    ),
 }
 
 CONDUCTOR_HANDLER_SHA256 = "9fbc0538097aa4eca6113b99df8d17605ae72a6b5030482f041a183f4cc34df1"
@@ -865,6 +868,29 @@ async def test_a_record_goes_straight_to_its_partitions_handler_while_the_lock_i
     assert faust_patches._handler(consumer, CHANGELOG) == conductor.on_message
     async with conductor._tp_to_callback_lock:
         assert faust_patches._handler(consumer, INPUT) == conductor.on_message
+
+
+async def test_the_producer_buffer_is_flushed_only_over_its_limit(patched):
+    """A delivery waits for the producer's buffer only when it holds more than its limit,
+    then through upstream's flush (the worker's producer is not threaded)."""
+    app = faust.App("ebb-tests", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False)
+    app.consumer._thread.thread_loop.close()  # the consumer thread's loop, never run here
+    buffer = app.producer.buffer
+    flushed: list[int] = []
+
+    async def flush_atmost(n: int) -> int:
+        flushed.append(n)
+        return 0
+
+    buffer.flush_atmost = flush_atmost
+    waiting = buffer.pending
+    for n in range(buffer.max_messages):
+        waiting.put_nowait(n)
+    await buffer.wait_until_ebb()
+    assert flushed == []
+    waiting.put_nowait("one over")
+    await buffer.wait_until_ebb()
+    assert flushed == [buffer.max_messages]
 
 
 def test_the_conductor_lookup_is_the_one_the_handler_patch_was_written_for():
