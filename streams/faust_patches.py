@@ -167,8 +167,7 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
     if commit_every is not None and self._n_acked >= commit_every:
         self._n_acked = 0
         await self.commit()
-    handler = _handler(self, tp)
-    delivery = cast(Coroutine[Any, Any, Any], handler(message))  # an async def call
+    delivery: Coroutine[Any, Any, Any] = _handler(self, tp)(message)  # an async def call
     if not await _run_delivery(self, delivery):
         return False
     if _fetched_after_seeks(self, tp, offset):
@@ -178,7 +177,7 @@ async def _deliver(self: Consumer, tp: TP, message: Any) -> bool:
     return True
 
 
-def _handler(self: Consumer, tp: TP) -> Callable[[Any], Coroutine[Any, Any, Any]]:
+def _handler(self: Consumer, tp: TP) -> Any:
     """What delivers a record of `tp`: the conductor's handler for it, as the consumer's
     callback (`Conductor.on_message` of 0.15.3) looks it up under the conductor's lock. That
     lock only keeps the lookup off the map while a resubscription rebuilds it: when no one
@@ -189,9 +188,9 @@ def _handler(self: Consumer, tp: TP) -> Callable[[Any], Coroutine[Any, Any, Any]
     conductor: Any = self.app.topics  # a Conductor: its private map and lock
     if not conductor._tp_to_callback_lock.locked():
         handler = conductor._tp_to_callback.get(tp)
-        if handler is not None:
-            return cast(Callable[[Any], Coroutine[Any, Any, Any]], handler)
-    return cast(Callable[[Any], Coroutine[Any, Any, Any]], self.callback)
+        if handler is not None:  # (no `cast` here: its subscripted type is built per call)
+            return handler
+    return self.callback
 
 
 async def _run_delivery(self: Consumer, delivery: Coroutine[Any, Any, Any]) -> bool:
