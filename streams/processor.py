@@ -154,6 +154,9 @@ class _Slot:
     user: StoredUser
     context: Any
     dirty: bool = False
+    encoded: bytes | None = None
+    """`encode_stored(user)`, once `Processor.encode` made it (a slot's user never changes
+    after its batch: a later batch that changes the user makes a slot of its own)."""
 
 
 class StateCache:
@@ -366,10 +369,20 @@ class Processor:
             elif key not in unwritten:
                 cache.put(key, slot.user)
 
+    def encode(self, batch: Batch) -> None:
+        """Encode the states `batch` changed ahead of `unwritten_writes` (which uses them)."""
+        for slot in batch.slots.values():
+            if slot.dirty and slot.encoded is None:
+                slot.encoded = encode_stored(slot.user)
+
     def unwritten_writes(self) -> list[tuple[bytes, bytes, Any]]:
         """(key, value, context) of every user held unwritten, newest state each."""
         return [
-            (key, encode_stored(slot.user), slot.context)
+            (
+                key,
+                encode_stored(slot.user) if slot.encoded is None else slot.encoded,
+                slot.context,
+            )
             for key, slot in self.cache.unwritten.items()
         ]
 

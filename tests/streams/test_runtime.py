@@ -15,7 +15,7 @@ import pytest
 from faust.types import TP
 
 from schemas.config import load_config
-from schemas.stored import decode_stored
+from schemas.stored import decode_stored, encode_stored
 from streams import app as app_module
 from streams import faust_patches
 from streams.processor import Processor, Table
@@ -328,3 +328,45 @@ async def test_the_agent_writes_what_it_holds_when_it_stops(holding):
     runtime.table.gates[0].set_result(None)
     await stopping
     assert first[0].acked
+
+
+def _acked_a_turn_later(runtime: Any, order: list[str]) -> None:
+    """The producer's acknowledgements come a loop turn after the hand-off (recorded), the
+    processor's pre-encoding is recorded too."""
+    producer, processor = runtime.producer, runtime.processor
+    send, encode = producer.send_batch, processor.encode
+
+    async def send_batch(*args: Any, **kwargs: Any) -> Any:
+        delivered = await send(*args, **kwargs)
+        later = asyncio.get_running_loop().create_future()
+
+        def ack() -> None:
+            order.append("outputs acked")
+            later.set_result(delivered.result())
+
+        asyncio.get_running_loop().call_soon(ack)
+        return later
+
+    def encoding(batch: Any) -> None:
+        order.append("encoded")
+        encode(batch)
+
+    producer.send_batch, processor.encode = send_batch, encoding
+
+
+@pytest.mark.parametrize("backlog", [False, True])
+async def test_a_live_batch_encodes_its_states_while_its_outputs_travel(holding, backlog):
+    """Live, the states a batch will write are encoded before its outputs are acknowledged,
+    and written as encoded; a batch whose states will be held encodes nothing then."""
+    runtime, order = holding, []
+    _acked_a_turn_later(runtime, order)
+    runtime.buffered = lambda: 1000 if backlog else 0
+    await _bounded(runtime.run_batch(_events(runtime, ["u1", "u2"], 0)))
+    if backlog:
+        assert order == ["outputs acked"] and runtime.table.handed == []
+        return
+    assert order == ["encoded", "outputs acked"]
+    assert runtime.table.handed == [[b"u1", b"u2"]]
+    for key in (b"u1", b"u2"):
+        user = runtime.processor.cache.peek(key)
+        assert runtime.table.values[key] == encode_stored(user)
