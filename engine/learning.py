@@ -23,7 +23,8 @@ def decay_factor(elapsed_ms: int, half_life_ms: int | None) -> float:
     """
     if half_life_ms is None or elapsed_ms <= 0:
         return 1.0
-    return float(2.0 ** (-elapsed_ms / half_life_ms))
+    factor: float = 2.0 ** (-elapsed_ms / half_life_ms)  # a float base and exponent: a float
+    return factor
 
 
 def counts_at(record: SignalRecord, at: int, half_life_ms: int | None) -> tuple[float, float]:
@@ -40,7 +41,10 @@ def add_counts(
     An amount dated before the record's valuation time (an attribution window that ended
     before a later close was recorded) is decayed to that time rather than moving it back.
     """
-    if at >= record.at:
+    if at == record.at or (half_life_ms is None and at > record.at):
+        # No decay (the factor would be 1.0, and x * 1.0 is x exactly): the same sums.
+        return SignalRecord(record.hits + hits, record.misses + misses, at)
+    if at > record.at:
         factor = decay_factor(at - record.at, half_life_ms)
         return SignalRecord(record.hits * factor + hits, record.misses * factor + misses, at)
     factor = decay_factor(record.at - at, half_life_ms)
