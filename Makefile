@@ -51,12 +51,13 @@ test-fast: setup ## the tests that need no broker
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # The full chaos run (tests/chaos, docs/operations.md "Running several workers"): about five
-# minutes, its own broker (restarted once), logs of the last run kept in var/chaos/.
+# minutes, its own broker (restarted once), each run's logs kept in var/chaos/<start time>/ (a
+# rerun must not overwrite a failed run's evidence; `make clean` deletes them).
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
 chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
 	@mkdir -p var
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
-		--basetemp=var/chaos $(PYTEST_ARGS)
+		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
 
 lint: setup ## ruff check and format check
 	$(VENV)/bin/ruff check .
