@@ -587,12 +587,15 @@ def _aiokafka_consumer(consumer: Any) -> Any | None:
     return getattr(thread, "_consumer", None)
 
 
+def _assignment(client: Any) -> Any | None:
+    """The aiokafka consumer `client`'s current assignment, or None."""
+    subscription = client._subscription.subscription
+    return None if subscription is None else subscription.assignment
+
+
 def _partition_state(consumer: Any, tp: TP) -> Any | None:
     client = _aiokafka_consumer(consumer)
-    if client is None:
-        return None
-    subscription = client._subscription.subscription
-    assignment = None if subscription is None else subscription.assignment
+    assignment = None if client is None else _assignment(client)
     return None if assignment is None else assignment.state_value(tp)
 
 
@@ -610,12 +613,11 @@ def _fetched_after_seeks(consumer: Any, tp: TP, offset: int) -> bool:
 
     True when the position is unknown because the consumer is not aiokafka's (no check).
     """
-    # `fetch_position` inlined (this runs twice for every record delivered)
-    client = getattr(getattr(consumer, "_thread", None), "_consumer", None)
+    # The client looked up once (this runs twice for every record delivered).
+    client = _aiokafka_consumer(consumer)
     if client is None:
         return True
-    subscription = client._subscription.subscription
-    assignment = None if subscription is None else subscription.assignment
+    assignment = _assignment(client)
     state = None if assignment is None else assignment.state_value(tp)
     return state is not None and state.has_valid_position and state.position > offset
 
@@ -625,8 +627,7 @@ def _keep_delivered_positions(consumer: Any) -> None:
     client = _aiokafka_consumer(consumer)
     if client is None:
         return
-    subscription = client._subscription.subscription
-    assignment = None if subscription is None else subscription.assignment
+    assignment = _assignment(client)
     kept: dict[TP, _Delivered] = {}
     if assignment is not None:
         read = consumer._read_offset
