@@ -24,17 +24,6 @@ Sent = list[tuple[str, int, int, Any]]
 """Record batches handed to the producer: (topic, partition, records, delivery future)."""
 
 
-async def send_all(
-    producer: Any, records: Iterable[Record], before_sending: Callable[[], None] = lambda: None
-) -> dict[tuple[str, int], int]:
-    """Send `records` with the aiokafka `producer` and wait until the broker has them all.
-
-    Returns the last offset written per (topic, partition). Raises what a failed delivery
-    raises. `before_sending` as in `hand_over`.
-    """
-    return await acknowledged(await hand_over(producer, records, before_sending))
-
-
 async def hand_over(
     producer: Any, records: Iterable[Record], before_sending: Callable[[], None] = lambda: None
 ) -> Sent:

@@ -1,4 +1,5 @@
-"""`streams.sending.send_all`: record batches per partition, in order, last offsets."""
+"""`streams.sending`: `hand_over` fills record batches per partition, in order; `acknowledged`
+waits for them and gives the last offsets."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams import faust_patches
-from streams.sending import send_all
+from streams.sending import acknowledged, hand_over
 
 
 class FakeBatch:
@@ -49,6 +50,11 @@ class FakeProducer:
         log.extend(batch.records)
         self.batches.append((topic, partition, len(batch.records)))
         return future
+
+
+async def send_all(producer: Any, records: Any, before_sending: Any = lambda: None) -> Any:
+    """Hand over, then wait: what the worker does with a batch's outputs."""
+    return await acknowledged(await hand_over(producer, records, before_sending))
 
 
 async def test_records_go_per_partition_in_order_and_full_batches_are_split():
