@@ -55,7 +55,7 @@ test-fast: setup ## the tests that need no broker
 # rerun must not overwrite a failed run's evidence; `make clean` deletes them).
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
 chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
-	@mkdir -p var
+	@mkdir -p var/chaos
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
 		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
 
