@@ -357,6 +357,8 @@ class _Runtime:
             )
         except Exception as exc:
             await self._changelog_failed(exc, writes)
+        if writes:
+            self.faults.reached("handed")
         self._finishing = asyncio.ensure_future(
             self._finish(events, sent, writes, messages, self._handled_offsets())
         )
@@ -397,8 +399,9 @@ class _Runtime:
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
-            await self.table.changelog_acknowledged(sent)
-            self.fence.unless_frozen()  # frozen while the records were on their way?
+            # Frozen while the records were on their way? Then they may have landed after a
+            # new owner's: nothing of them is acked, and their offsets are not stored locally.
+            await self.table.changelog_acknowledged(sent, self.fence.unless_frozen)
         except Exception as exc:
             await self._changelog_failed(exc, writes)
         self.faults.reached("changelog")

@@ -1,4 +1,4 @@
-"""Fault injection for crash tests (`ORACULAR_TEST_KILL_AT`); off unless set."""
+"""Fault injection for crash and freeze tests (`ORACULAR_TEST_KILL_AT`); off unless set."""
 
 from __future__ import annotations
 
@@ -11,20 +11,25 @@ log = logging.getLogger("oracular.worker")
 
 
 class KillSwitch:
-    """Crash tests only: SIGKILL this worker at one step of its n-th batch.
+    """Crash and freeze tests only: SIGKILL (or SIGSTOP) this worker at one step of its n-th
+    batch.
 
-    `ORACULAR_TEST_KILL_AT=STEP:N` with STEP one of outputs (delivered), stored (local store
-    written), changelog (changelog records acknowledged) or acked (inputs acknowledged), and N
-    the how-manieth time the step is reached, counted from 1: outputs are sent per batch, the
+    `ORACULAR_TEST_KILL_AT=STEP:N[:stop]` with STEP one of outputs (delivered), stored (local
+    store written), handed (changelog records handed to the producer, not yet acknowledged),
+    changelog (changelog records acknowledged) or acked (inputs acknowledged), and N the
+    how-manieth time the step is reached, counted from 1: outputs are sent per batch, the
     other steps happen once per write, which holds the states of one batch or, while a backlog
-    waits, of several. Unset (always, outside tests): off.
+    waits, of several. With `:stop` the worker stops itself (SIGSTOP) instead: frozen right
+    there until the test sends SIGCONT, as a GC or VM pause would freeze it. Unset (always,
+    outside tests): off.
     """
 
-    STEPS: Final = ("outputs", "stored", "changelog", "acked")
+    STEPS: Final = ("outputs", "stored", "handed", "changelog", "acked")
+    SIGNALS: Final = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
-    def __init__(self, step: str | None, batch: int) -> None:
-        """Kill at `step` of the `batch`-th batch (None: never)."""
-        self.step, self.batch = step, batch
+    def __init__(self, step: str | None, batch: int, how: str = "kill") -> None:
+        """Kill (or stop) at `step` of the `batch`-th batch (None: never)."""
+        self.step, self.batch, self.how = step, batch, how
         self.seen: dict[str, int] = {}
 
     @classmethod
@@ -33,18 +38,28 @@ class KillSwitch:
         spec = os.environ.get("ORACULAR_TEST_KILL_AT", "")
         if not spec:
             return cls(None, 0)
-        step, _, batch = spec.partition(":")
-        if step not in cls.STEPS or not batch.isdigit():
-            msg = f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N, STEP one of {cls.STEPS}"
+        step, _, rest = spec.partition(":")
+        batch, _, how = rest.partition(":")
+        how = how or "kill"
+        if step not in cls.STEPS or not batch.isdigit() or how not in cls.SIGNALS:
+            msg = (
+                f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N or STEP:N:stop, STEP one of "
+                f"{cls.STEPS}"
+            )
             raise ValueError(msg)
-        return cls(step, int(batch))
+        return cls(step, int(batch), how)
 
     def reached(self, step: str) -> None:
-        """Count `step`; SIGKILL this process when it is the chosen one."""
+        """Count `step`; SIGKILL (SIGSTOP) this process when it is the chosen one."""
         if self.step != step:
             return
         self.seen[step] = self.seen.get(step, 0) + 1
         if self.seen[step] == self.batch:
-            log.warning("ORACULAR_TEST_KILL_AT: killing the worker after %s", step)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+            verb = "killing" if self.how == "kill" else "freezing"
+            log.warning("ORACULAR_TEST_KILL_AT: %s the worker after %s", verb, step)
+            if self.how == "kill":
+                logging.shutdown()
+            else:
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+            os.kill(os.getpid(), self.SIGNALS[self.how])

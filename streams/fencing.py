@@ -186,7 +186,7 @@ class Fence:
         if stalled is not None or lease.stalls != self.stalls_seen:
             # Frozen since the last check (the loop may have run since, when queueing the
             # records had to wait, and renewed the lease: the count still shows it).
-            raise FrozenWhileWriting(stalled or time.monotonic() - lease.renewed)
+            raise FrozenWhileWriting(lease.last_stall_s if stalled is None else stalled)
 
     async def leave_repairs(self, writes: Writes, stalled_s: float) -> NoReturn:
         """After a freeze while writing the changelog: make sure the users' newest states end

@@ -75,13 +75,26 @@ class FaustTable(Table):
             before_sending,
         )
 
-    async def changelog_acknowledged(self, sent: Sent) -> None:
+    async def changelog_acknowledged(
+        self, sent: Sent, before_persisting: Callable[[], None] = lambda: None
+    ) -> None:
         """Wait until the broker has the records `send_changelog` handed over, then store each
         partition's last changelog offset once, as Faust's callback would store it per record:
         a restart with the datadir kept reads the changelog from there. Raises what a failed
-        delivery raises."""
+        delivery raises, or what `before_persisting()` raises, before storing anything.
+
+        The stored offset says "this local copy holds every changelog record up to here". It
+        does only while this worker was the partition's one writer: a worker frozen past its
+        session timeout has lost the partition, and its records, queued before the freeze,
+        land after the records its successor wrote meanwhile, which this copy never read.
+        Storing their offsets would make the next restore here skip the successor's records
+        (users stale or missing, their inputs committed and never read again), so
+        `before_persisting` (the fence's freeze check) comes first.
+        """
         topic = self.changelog_topic
-        for (_, partition), offset in (await acknowledged(sent)).items():
+        offsets = await acknowledged(sent)
+        before_persisting()
+        for (_, partition), offset in offsets.items():
             faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 
     def restore_in_full(self, partitions: list[int]) -> None:

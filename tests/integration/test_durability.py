@@ -77,7 +77,7 @@ that early. In the 2,300 events after them, episodes are due from about the 200t
 BATCH_MAX = "50"
 CHUNK = 150
 """Events produced between two rounds of ticks: three batches or so."""
-KILL_AT = {"outputs": 25, "stored": 12, "changelog": 12, "acked": 12}
+KILL_AT = {"outputs": 25, "stored": 12, "handed": 12, "changelog": 12, "acked": 12}
 """The how-manieth time the step is reached when it kills the worker: some 500 to 1,000 events
 into the stream (batches of ticks included), after several rounds of ticks that closed
 episodes. Outputs are sent per batch; states are written once for the batches applied while

@@ -245,6 +245,36 @@ def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
         fence.unless_frozen()
 
 
+async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offset():
+    """The local copy's stored changelog offset means "every record up to here is in this
+    copy". A frozen worker's records land after its successor's, which it never read: their
+    offsets must not be stored, or a restart here would skip the successor's records."""
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from streams.fencing import FrozenWhileWriting
+    from streams.state_table import FaustTable
+
+    table = Table()
+    table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "cl")  # type: ignore[attr-defined]
+    store = FaustTable(table)
+    loop = asyncio.get_running_loop()
+
+    def sent(base: int, count: int) -> list[Any]:
+        future = loop.create_future()
+        future.set_result(SimpleNamespace(offset=base))
+        return [("cl", 0, count, future)]
+
+    fence = _fence(_App())
+    await store.changelog_acknowledged(sent(10, 3), fence.unless_frozen)
+    assert table.data.persisted == {TP("cl", 0): 12}
+    fence.lease.renewed -= 60  # frozen while the next batch's records were on their way
+    with pytest.raises(FrozenWhileWriting):
+        await store.changelog_acknowledged(sent(20, 2), fence.unless_frozen)
+    assert table.data.persisted == {TP("cl", 0): 12}
+
+
 async def test_repairs_name_every_written_user_on_its_partition_after_the_queued_records():
     from types import SimpleNamespace
 

@@ -76,8 +76,9 @@ class GatedTable(Table):
         self.gates.append(asyncio.get_running_loop().create_future())
         return len(self.gates) - 1
 
-    async def changelog_acknowledged(self, sent: int) -> None:
+    async def changelog_acknowledged(self, sent: int, before_persisting: Any) -> None:
         await self.gates[sent]
+        before_persisting()
 
 
 @pytest.fixture
