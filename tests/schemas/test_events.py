@@ -188,3 +188,94 @@ def test_non_object_messages_say_what_they_are(raw, message):
     """A top-level value that is not an object is named, not "not valid msgpack or JSON"."""
     with pytest.raises(DecodeError, match=re.escape(message)):
         decode_event(raw)
+
+
+# --- the usual input's fast path ------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from schemas.events import MAX_STRING, _plain_event, decode_message, event_from_message  # noqa: E402
+
+_EDGE_VALUES = st.one_of(
+    st.text(max_size=6),
+    st.text(alphabet="ab\u00e9\ud7ff", min_size=1, max_size=4),
+    st.sampled_from(["", "x" * MAX_STRING, "x" * (MAX_STRING + 1), "é" * 300, "\u2028"]),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from([0, -1, TS, 253_402_300_799_999, 253_402_300_800_000, 2**63 - 1]),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=True),
+    st.binary(max_size=3),
+    st.lists(st.integers(min_value=0, max_value=9), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(min_value=0, max_value=9), max_size=2),
+)
+_KEYS = st.sampled_from(["user", "ts", "name", "id", "type", "intent", "extra", "USER"])
+
+
+def _general(raw: bytes) -> Event | str:
+    try:
+        return event_from_message(decode_message(raw), fallback_ts=None)
+    except (DecodeError, IgnoredMessage) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+_NAMES = st.one_of(st.text(alphabet="ab.", min_size=1, max_size=3), _EDGE_VALUES)
+_TIMES = st.one_of(
+    st.sampled_from([-1, 0, TS, 253_402_300_799_999, 253_402_300_800_000, True, float(TS)]),
+    _EDGE_VALUES,
+)
+_USUAL_SHAPE = st.fixed_dictionaries(
+    {"user": _NAMES, "ts": _TIMES, "name": _NAMES}, optional={"id": _EDGE_VALUES}
+)
+
+
+@settings(max_examples=3000)
+@given(st.one_of(st.dictionaries(_KEYS, _EDGE_VALUES, min_size=2, max_size=5), _USUAL_SHAPE))
+def test_the_fast_path_decodes_exactly_what_the_general_path_accepts(message):
+    raw = msgpack.packb(message)
+    general = _general(raw)
+    fast = _plain_event(raw)
+    if fast is not None:  # it only ever accepts what the general path accepts, as it does
+        assert fast == general
+    if not isinstance(general, str):
+        assert decode_event(raw) == general
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        msgpack.packb({"user": "u1", "ts": TS, "name": "x"}),
+        msgpack.packb({"id": 7, "user": "u1", "name": "x", "ts": TS}),
+        msgpack.packb({"id": "e1", "user": "u1", "name": "x", "ts": TS}),
+    ],
+)
+def test_the_usual_input_takes_the_fast_path(raw):
+    assert _plain_event(raw) == _general(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x84\xa4user\xa2u1\xa2ts\xcf" + TS.to_bytes(8, "big") + b"\xa4name\xa1x\xa4user\xa2u2",
+        msgpack.packb({"user": "u1", "ts": TS, "name": "x"}) + b"\x00",
+        msgpack.packb({"user": "u1", "ts": True, "name": "x"}),
+        msgpack.packb({"user": "u1", "ts": float(TS), "name": "x"}),
+        msgpack.packb({"user": "é" * 300, "ts": TS, "name": "x"}),
+        msgpack.packb({"user": "u1", "ts": TS, "name": "x", "type": "end"}),
+        msgpack.packb({"user": "u1", "ts": TS, "name": "x" * (MAX_STRING + 1)}),
+        msgpack.packb({"user": "u1", "ts": TS, "name": b"x"}, use_bin_type=True),
+    ],
+    ids=[
+        "duplicate key",
+        "trailing byte",
+        "bool ts",
+        "float ts",
+        "user over MAX_STRING bytes",
+        "type",
+        "long name",
+        "binary name",
+    ],
+)
+def test_anything_unusual_takes_the_general_path(raw):
+    assert _plain_event(raw) is None
