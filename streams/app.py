@@ -5,10 +5,13 @@ Run it with `oracular worker --config FILE` (or `faust -A streams.app worker`, r
 
 The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
 `streams.processor.Processor` decide everything, then:
-1. publishes the batch's outputs and waits until the broker has them all;
-2. writes each changed user's state once (one changelog record per user per batch; while a
-   backlog waits, once for the batches applied within `ORACULAR_STATE_WRITE_INTERVAL_S`);
-3. acks the batch's messages, so their offsets may be committed.
+1. publishes the batch's outputs; the broker's acknowledgement is awaited by the next batch,
+   after it applied (or by an empty batch when no input waits), so the round trip overlaps it;
+2. once the broker has them all, writes each changed user's state once (one changelog record
+   per user per batch; while a backlog waits, once for the batches applied within
+   `ORACULAR_STATE_WRITE_INTERVAL_S`);
+3. once the changelog records are acknowledged, acks the batch's messages, so their offsets
+   may be committed.
 In that order, a stored state that records an input as applied implies its outputs were
 delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
 loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids.
@@ -227,6 +230,9 @@ class _Runtime:
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
         self._finishing: asyncio.Future[None] | None = None
         """The last batch's `_finish`, while its changelog records are on their way."""
+        self._outputs: Sent = []
+        """The last batch's outputs, handed to the producer: its states (held) are written
+        once the broker has them all (`_outputs_delivered`)."""
         self.held: list[Any] = []
         """Events of applied batches whose states are not written yet (`_may_defer`): acked
         once they are, with the messages they came as (a backfill's progress)."""
@@ -238,11 +244,14 @@ class _Runtime:
         self._last_summary = (time.monotonic(), 0)
 
     async def run_batch(self, events: list[Any]) -> None:
-        """Apply a batch: outputs delivered, then states written; the changelog's delivery is
-        finished by a task (`_finish`), which acks the events then. While a backlog waits,
-        the states of a few batches are written together instead (`_may_defer`). Every
-        message is applied, skipped as a duplicate or dead-lettered; none is acked when the
-        worker fenced itself (streams/fencing.py). No events: write what is held."""
+        """Apply a batch and hand its outputs to the producer; its states are written once
+        the broker has the outputs, which the next batch (or, when none comes at once, an
+        empty one) waits for after applying, so the round trip overlaps the next batch's
+        window and apply. The changelog's delivery is finished by a task (`_finish`), which
+        acks the events then. While a backlog waits, the states of a few batches are written
+        together instead (`_may_defer`). Every message is applied, skipped as a duplicate or
+        dead-lettered; none is acked when the worker fenced itself (streams/fencing.py). No
+        events: write what is held."""
         fence = self.fence
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if not events:
@@ -263,41 +272,62 @@ class _Runtime:
         if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch:
             await self.tick_again()  # the next tick travels while this batch is written
         clock.lap("apply")
-        # The previous batch's changelog was on its way while this one applied (it read those
-        # states from the cache and the store, written before). It must be acknowledged before
-        # this batch may write: the fence's checks below cover the time since its records were
+        # The previous changelog was on its way while this batch applied (it read those states
+        # from the cache and the store, written before). It must be acknowledged before this
+        # batch may write: the fence's checks below cover the time since its records were
         # queued only when nothing of them is still on the way.
         await self.finished()
         clock.lap("previous changelog")
         if not await fence.may_write(generation):
             self._fenced(generation, events)
             return
-        # Straight to the producer, in record batches (streams/sending.py). The states are
-        # written only once every output is acknowledged, so a failed delivery raises here,
-        # before any state records the inputs as applied.
+        # The previous batch's outputs travelled meanwhile: once the broker has them, the
+        # states held so far may be written (now, or with later ones while a backlog waits).
+        await self._outputs_delivered()
+        writes = 0
+        if self.held and not self._may_defer(generation):
+            writes = await self._write(generation)
+        clock.lap("states")
+        # Straight to the producer, in record batches (streams/sending.py). The batch's
+        # states are held from now on (the next batch reads them), but written only once every
+        # output is acknowledged: a failed delivery stops the worker before any state records
+        # the inputs as applied (`_outputs_delivered`).
         producer = faust_patches.kafka_producer(self.app)
         names = self.output_names
-        sent = await hand_over(
+        self._outputs = await hand_over(
             producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs]
         )
-        if not self._may_defer(generation):
-            # While the outputs travel, encode the states this batch will write: CPU the
-            # round trip would leave idle (a live batch's cycle is that much shorter).
-            self.processor.encode(batch)
-        await acknowledged(sent)
-        clock.lap("outputs")
-        self.faults.reached("outputs")
-        # The outputs are out: the batch's states may be written, now or with later ones.
         self.processor.hold(batch)
         if not self.held:
             self._held_since, self._held_generation = time.monotonic(), generation
         self.held.extend(events)
         self._held_messages.extend(messages)
-        writes = 0
         if not self._may_defer(generation):
-            writes = await self._write(generation)
-        clock.lap("states")
+            # While the outputs travel, encode the states that will be written with them.
+            self.processor.encode(batch)
+        clock.lap("outputs")
         clock.report(len(messages), len(batch.outputs), writes)
+
+    async def _outputs_delivered(self) -> None:
+        """Wait until the broker has the last batch's outputs. A failed delivery stops the
+        worker: the held states are dropped unwritten and nothing held is acked, so a restart
+        reads their inputs again and sends their outputs with the same ids."""
+        sent, self._outputs = self._outputs, []
+        if not sent:
+            return
+        try:
+            await acknowledged(sent)
+        except Exception as exc:
+            self._drop_held("an output was not delivered")
+            log.critical(
+                "an output was not delivered (%s: %s): stopping the worker. Nothing held is "
+                "acknowledged; on restart the inputs are redelivered and the outputs sent again",
+                type(exc).__name__,
+                exc,
+            )
+            await self.app.crash(exc)
+            raise
+        self.faults.reached("outputs")
 
     def _may_defer(self, generation: int) -> bool:
         """True when the held states may wait for a later batch: a full batch waits in the
@@ -324,9 +354,10 @@ class _Runtime:
         )
 
     async def write_held(self) -> None:
-        """Write the held states and then ack their events (the buffer ran dry, a rebalance
-        waits for the acks, or the worker stops)."""
+        """Write the held states once their outputs are delivered, and then ack their events
+        (the buffer ran dry, a rebalance waits for the acks, or the worker stops)."""
         await self.finished()
+        await self._outputs_delivered()
         if self.held:
             await self._write(self.app.consumer_generation_id)
 
@@ -487,11 +518,20 @@ class _Runtime:
         """The worker may not write for `generation`: drop `events` and the held ones, with
         the held states, unwritten and unacked (streams/fencing.py)."""
         self.processor.drop_unwritten()
+        self._forget_outputs()
         self.fence.drop(generation, self.held + events)
         self.held, self._held_messages = [], []
 
+    def _forget_outputs(self) -> None:
+        """Stop waiting for the last batch's outputs (their states are dropped: whoever
+        applies the inputs again sends them again, with the same ids)."""
+        for _, _, _, future in self._outputs:
+            future.add_done_callback(_retrieved)
+        self._outputs = []
+
     def _drop_held(self, why: str) -> None:
         dropped = self.processor.drop_unwritten()
+        self._forget_outputs()
         if self.held:
             log.warning(
                 "%s with %s input(s) applied whose %s state(s) were not written: they are "
@@ -546,7 +586,7 @@ class _Runtime:
 
 class _StageClock:
     """Times a batch's stages; a batch slower than `SLOW_BATCH_S` is logged with them, so a
-    latency spike can be told apart: the engine, the outputs' round trip, the states'."""
+    latency spike can be told apart: the engine, the waits for the broker, the states'."""
 
     SLOW_BATCH_S: Final = 0.25
 
@@ -570,6 +610,12 @@ class _StageClock:
                 total * 1000,
                 ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in self.stages),
             )
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Take a forgotten delivery's outcome, so asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _in_message(event: Any) -> InMessage:

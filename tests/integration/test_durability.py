@@ -77,12 +77,13 @@ that early. In the 2,300 events after them, episodes are due from about the 200t
 BATCH_MAX = "50"
 CHUNK = 150
 """Events produced between two rounds of ticks: three batches or so."""
-KILL_AT = {"outputs": 25, "stored": 12, "handed": 12, "changelog": 12, "acked": 12}
+KILL_AT = {"outputs": 25, "stored": 25, "handed": 25, "changelog": 25, "acked": 25}
 """The how-manieth time the step is reached when it kills the worker: some 500 to 1,000 events
 into the stream (batches of ticks included), after several rounds of ticks that closed
-episodes. Outputs are sent per batch; states are written once for the batches applied while
-more input waited (ORACULAR_STATE_WRITE_INTERVAL_S), about a chunk's worth, so the 12th
-write comes about where the 25th batch does."""
+episodes. Outputs are delivered per batch, and states written about as often: a batch's
+states are written once its outputs are acknowledged, by the next batch or an empty one when
+the buffer is empty, and held for later ones only while a full batch (50) waits, which a
+chunk of 150 events rarely leaves."""
 SUMMARY_INTERVAL_S = "0.1"  # the killed run logs its counters often: its last line is recent
 KILL_TIMEOUT_S = 60.0  # a started worker reaches its KILL_AT step
 COMPLETION_TIMEOUT_S = 120.0  # the restart applies the rest and commits it (about 5 s, idle)

@@ -159,23 +159,30 @@ async def _until(condition: Any) -> None:
             await asyncio.sleep(0.001)
 
 
-async def test_inputs_are_acked_once_their_changelog_is_and_the_next_batch_waits_to_write(
-    runtime,
-):
+async def test_states_wait_for_their_outputs_and_inputs_for_their_changelog(runtime):
+    """A batch hands its outputs over and returns; its states are written once the broker has
+    the outputs, after the next batch applied; its inputs are acked once its changelog is
+    acknowledged, and the batch after it writes nothing before that."""
     table, producer = runtime.table, runtime.producer
     first = _events(runtime, ["u1", "u2"], 0)
-    await runtime.run_batch(first)
-    assert table.handed == [[b"u1", b"u2"]]  # stored and handed over: outputs came first
+    await _bounded(runtime.run_batch(first))
     outputs_of_first = len(producer.batches)
-    assert outputs_of_first > 0
-    assert table.values.keys() == {b"u1", b"u2"}
-    assert not any(event.acked for event in first)  # its changelog is not acknowledged
+    assert outputs_of_first > 0  # handed over at once
+    assert table.handed == [] and table.values == {}  # the states wait for the outputs
 
     second = _events(runtime, ["u1", "u3"], 2)
-    running = asyncio.ensure_future(runtime.run_batch(second))
+    await _bounded(runtime.run_batch(second))
+    assert table.handed == [[b"u1", b"u2"]]  # the first's, its outputs acknowledged
+    assert len(producer.batches) > outputs_of_first
+    assert not any(event.acked for event in first)  # its changelog is not acknowledged
+    # The second batch read u1 as the first left it, before anything of it was written.
+    assert runtime.processor.cache.peek(b"u1").inputs == 2
+
+    third = _events(runtime, ["u4"], 4)
+    running = asyncio.ensure_future(runtime.run_batch(third))
     await asyncio.sleep(0.05)  # plenty of loop turns: it applies, then waits for the first
     assert not running.done()
-    assert len(producer.batches) == outputs_of_first  # nothing of the second sent yet
+    outputs_before = len(producer.batches)
     assert len(table.handed) == 1
 
     table.gates[0].set_result(None)
@@ -183,37 +190,60 @@ async def test_inputs_are_acked_once_their_changelog_is_and_the_next_batch_waits
     await running
     assert all(event.acked for event in first)
     assert table.handed[1] == [b"u1", b"u3"]
-    assert len(producer.batches) > outputs_of_first
+    assert len(producer.batches) > outputs_before
     assert not any(event.acked for event in second)
 
     table.gates[1].set_result(None)
+    await _bounded(runtime.run_batch([]))  # the buffer ran dry: the third's states
+    assert table.handed[2] == [b"u4"]
+    table.gates[2].set_result(None)
     await runtime.finished()
-    assert all(event.acked for event in second)
-    # The second batch read u1 as the first left it (from the cache, before the changelog's
-    # acknowledgement): u1's stored state counts both of its inputs.
-    assert runtime.processor.counts["applied"] == 4
+    assert all(event.acked for event in second + third)
+    assert _stored_inputs(runtime, b"u1") == 2
+    assert runtime.processor.counts["applied"] == 5
     assert not runtime.crashed
 
 
 async def test_an_undelivered_changelog_stops_the_worker_and_acks_nothing(runtime):
     table = runtime.table
     first = _events(runtime, ["u1"], 0)
-    await runtime.run_batch(first)
-    table.gates[0].set_exception(RuntimeError("not delivered"))
+    await _bounded(runtime.run_batch(first))
     second = _events(runtime, ["u2"], 1)
+    await _bounded(runtime.run_batch(second))  # writes the first's states
+    table.gates[0].set_exception(RuntimeError("not delivered"))
+    third = _events(runtime, ["u3"], 2)
     with pytest.raises(RuntimeError, match="not delivered"):
-        await runtime.run_batch(second)  # it raises before writing anything
+        await _bounded(runtime.run_batch(third))  # it raises before writing anything
     assert [type(exc) for exc in runtime.crashed] == [RuntimeError]
-    assert not any(event.acked for event in first + second)
+    assert not any(event.acked for event in first + second + third)
     assert len(table.handed) == 1
     await runtime.finished()  # nothing is left waiting
 
 
+async def test_an_undelivered_output_stops_the_worker_and_writes_nothing(runtime):
+    """The batch after it finds the failed delivery before writing: the held states are
+    dropped unwritten, and nothing is acked (a restart reads the inputs again)."""
+    runtime.producer.fail = True
+    first = _events(runtime, ["u1"], 0)
+    await _bounded(runtime.run_batch(first))
+    second = _events(runtime, ["u2"], 1)
+    with pytest.raises(RuntimeError, match="not delivered"):
+        await _bounded(runtime.run_batch(second))
+    assert [type(exc) for exc in runtime.crashed] == [RuntimeError]
+    assert runtime.table.handed == [] and runtime.table.values == {}
+    assert not runtime.held and not runtime.processor.cache.unwritten
+    assert not any(event.acked for event in first + second)
+    await _bounded(runtime.stopping())  # at shutdown too, nothing is written
+    assert runtime.table.handed == []
+
+
 async def test_the_last_batch_is_acked_without_another_one(runtime):
     """A quiet stream: the last batch's inputs are acked as soon as its changelog is, not when
-    the next batch comes."""
+    the next batch comes (the agent gets an empty batch when its buffer is empty and it holds
+    events)."""
     first = _events(runtime, ["u1"], 0)
-    await runtime.run_batch(first)
+    await _bounded(runtime.run_batch(first))
+    await _bounded(runtime.run_batch([]))
     runtime.table.gates[0].set_result(None)
     await _until(lambda: first[0].acked)
 
@@ -249,12 +279,16 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     runtime.buffered = lambda: 0  # caught up: this batch writes all that is held
     third = _events(runtime, ["u4"], 4)
     await _bounded(runtime.run_batch(third))
-    assert table.handed == [[b"u1", b"u2", b"u3", b"u4"]]  # each user once
+    assert table.handed == [[b"u1", b"u2", b"u3"]]  # each user once
     assert _stored_inputs(runtime, b"u1") == 2
-    assert not any(event.acked for event in first + second + third)
     table.gates[0].set_result(None)
+    await _bounded(runtime.run_batch([]))  # the buffer ran dry: the third's, after its outputs
+    assert table.handed[1] == [b"u4"]
+    assert all(event.acked for event in first + second)
+    assert not any(event.acked for event in third)
+    table.gates[1].set_result(None)
     await runtime.finished()
-    assert all(event.acked for event in first + second + third)
+    assert all(event.acked for event in third)
     assert not runtime.processor.cache.unwritten and not runtime.held
     assert runtime.processor.cache.peek(b"u1") is held_u1  # cached as written
 
@@ -277,9 +311,10 @@ async def test_states_are_held_at_most_the_write_interval(holding):
     runtime = holding
     runtime.buffered = lambda: 1000
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
+    await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == []
     runtime._held_since -= runtime.settings.state_write_interval_s  # the interval is over
-    await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
+    await _bounded(runtime.run_batch(_events(runtime, ["u3"], 2)))
     assert runtime.table.handed == [[b"u1", b"u2"]]
 
 
@@ -289,7 +324,8 @@ async def test_a_few_events_waiting_do_not_hold_the_states(holding):
     runtime = holding
     runtime.buffered = lambda: runtime.settings.batch_max - 1
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
-    assert runtime.table.handed == [[b"u1"]]
+    await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
+    assert runtime.table.handed == [[b"u1"]]  # the next batch wrote the first's at once
 
 
 async def test_a_zero_write_interval_writes_every_batch(holding):
@@ -297,6 +333,7 @@ async def test_a_zero_write_interval_writes_every_batch(holding):
     runtime.settings = dataclasses.replace(runtime.settings, state_write_interval_s=0.0)
     runtime.buffered = lambda: 1000
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
+    await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == [[b"u1"]]
 
 
@@ -363,10 +400,12 @@ async def test_a_live_batch_encodes_its_states_while_its_outputs_travel(holding,
     _acked_a_turn_later(runtime, order)
     runtime.buffered = lambda: 1000 if backlog else 0
     await _bounded(runtime.run_batch(_events(runtime, ["u1", "u2"], 0)))
+    await _until(lambda: "outputs acked" in order)
     if backlog:
         assert order == ["outputs acked"] and runtime.table.handed == []
         return
     assert order == ["encoded", "outputs acked"]
+    await _bounded(runtime.run_batch([]))
     assert runtime.table.handed == [[b"u1", b"u2"]]
     for key in (b"u1", b"u2"):
         user = runtime.processor.cache.peek(key)
