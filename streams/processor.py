@@ -163,10 +163,11 @@ class StateCache:
     """Decoded users kept between batches: the most recently used of them, and those whose
     newest state is not written yet; `limit` users in all.
 
-    A batch's users go in once the batch's outputs are acknowledged (`Processor.hold`). The
-    worker writes their states then, or, while a backlog waits, a few batches later
-    (`unwritten`, taken by `Processor.unwritten_writes`): either way a batch reads each user's
-    newest state from here. A written user stays as the most recently used; one never written
+    A batch's users go in once the batch's outputs are handed to the producer
+    (`Processor.hold`). The worker writes their states once those outputs are acknowledged,
+    or, while a backlog waits, a few batches later (`unwritten`, taken by
+    `Processor.unwritten_writes`): either way a batch reads each user's newest state from
+    here. A written user stays as the most recently used; one never written
     is never evicted, and the worker writes them all before half the limit is unwritten.
     Entries of partitions this worker no longer owns are dropped, and the whole cache after a
     recovery, since the table may have changed underneath.
@@ -356,8 +357,9 @@ class Processor:
 
     def hold(self, batch: Batch) -> None:
         """Keep the batch's users for the next batches: the users it changed as unwritten
-        (`unwritten_writes` takes them), the others cached. Call once its outputs are
-        acknowledged: an unwritten state is one whose outputs are out."""
+        (`unwritten_writes` takes them), the others cached. Call once its outputs are handed
+        to the producer; the worker takes `unwritten_writes` only once they are acknowledged,
+        so a state is never stored before its outputs are out."""
         cache = self.cache
         unwritten = cache.unwritten
         for key, slot in batch.slots.items():
