@@ -384,14 +384,16 @@ class _Runtime:
         self.processor.written()
         try:
             sent = await self.table.send_changelog(
-                faust_patches.kafka_producer(self.app), writes, fence.unless_frozen
+                faust_patches.kafka_producer(self.app), writes, lambda: fence.confirm(generation)
             )
         except Exception as exc:
             await self._changelog_failed(exc, writes)
         if writes:
             self.faults.reached("handed")
         self._finishing = asyncio.ensure_future(
-            self._finish(events, sent, writes, messages, self._handled_offsets())
+            self._finish(
+                events, sent, writes, messages, self._handled_offsets(), generation=generation
+            )
         )
         return len(writes)
 
@@ -425,14 +427,17 @@ class _Runtime:
         writes: list[tuple[bytes, bytes, Any]],
         messages: list[InMessage],
         next_offset: dict[int, int],
+        *,
+        generation: int,
     ) -> None:
         """A batch's last step: its changelog acknowledged, then its events acked."""
         try:
             # Every changelog record acknowledged before the inputs are: a restore from the
             # changelog can never fall behind the committed offsets.
-            # Frozen while the records were on their way? Then they may have landed after a
-            # new owner's: nothing of them is acked, and their offsets are not stored locally.
-            await self.table.changelog_acknowledged(sent, self.fence.unless_frozen)
+            # Evicted (frozen) while the records were on their way? Then they may have landed
+            # after a new owner's: nothing of them is acked, and their offsets are not stored
+            # locally.
+            await self.table.changelog_acknowledged(sent, lambda: self.fence.confirm(generation))
         except Exception as exc:
             await self._changelog_failed(exc, writes)
         self.faults.reached("changelog")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from typing import Final
 
 log = logging.getLogger("oracular.worker")
@@ -14,18 +15,21 @@ class KillSwitch:
     """Crash and freeze tests only: SIGKILL (or SIGSTOP) this worker at one step of its n-th
     batch.
 
-    `ORACULAR_TEST_KILL_AT=STEP:N[:stop]` with STEP one of outputs (delivered), stored (local
+    `ORACULAR_TEST_KILL_AT=STEP:N[:stop|:block]` with STEP one of outputs (delivered), stored (local
     store written), handed (changelog records handed to the producer, not yet acknowledged),
     changelog (changelog records acknowledged) or acked (inputs acknowledged), and N the
     how-manieth time the step is reached, counted from 1: outputs are sent per batch, the
     other steps happen once per write, which holds the states of one batch or, while a backlog
     waits, of several. With `:stop` the worker stops itself (SIGSTOP) instead: frozen right
-    there until the test sends SIGCONT, as a GC or VM pause would freeze it. Unset (always,
-    outside tests): off.
+    there until the test sends SIGCONT, as a GC or VM pause would freeze it. With `:block` its
+    event loop is held up for `BLOCK_S` (its other threads run on, its group membership with
+    them), as a batch whose work takes that long holds it. Unset (always, outside tests): off.
     """
 
     STEPS: Final = ("outputs", "stored", "handed", "changelog", "acked")
     SIGNALS: Final = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+    BLOCK_S: Final = 4.0
+    """Over half the tests' session timeout (6 s, the broker's minimum), under all of it."""
 
     def __init__(self, step: str | None, batch: int, how: str = "kill") -> None:
         """Kill (or stop) at `step` of the `batch`-th batch (None: never)."""
@@ -41,10 +45,10 @@ class KillSwitch:
         step, _, rest = spec.partition(":")
         batch, _, how = rest.partition(":")
         how = how or "kill"
-        if step not in cls.STEPS or not batch.isdigit() or how not in cls.SIGNALS:
+        if step not in cls.STEPS or not batch.isdigit() or how not in (*cls.SIGNALS, "block"):
             msg = (
-                f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N or STEP:N:stop, STEP one of "
-                f"{cls.STEPS}"
+                f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N, STEP:N:stop or STEP:N:block, "
+                f"STEP one of {cls.STEPS}"
             )
             raise ValueError(msg)
         return cls(step, int(batch), how)
@@ -55,8 +59,11 @@ class KillSwitch:
             return
         self.seen[step] = self.seen.get(step, 0) + 1
         if self.seen[step] == self.batch:
-            verb = "killing" if self.how == "kill" else "freezing"
+            verb = {"kill": "killing", "stop": "freezing", "block": "blocking"}[self.how]
             log.warning("ORACULAR_TEST_KILL_AT: %s the worker after %s", verb, step)
+            if self.how == "block":
+                time.sleep(self.BLOCK_S)  # the event loop's thread only
+                return
             if self.how == "kill":
                 logging.shutdown()
             else:

@@ -10,9 +10,10 @@ newer ones. Kafka cannot fence it without transactions, so the worker fences its
   by a heartbeat sent after the stall, that the worker is still a member of the current
   generation; told otherwise, the batch is dropped unwritten and unacknowledged, and so is
   every batch read before the worker's next assignment (`Fence.dropping`);
-- a freeze *while* changelog records are on their way cannot be undone, so `Fence.unless_frozen`
-  notices it and `Fence.leave_repairs` sends each partition a tick naming those users (its
-  owner writes their newest state again, last) and exits with `EXIT_FENCED`.
+- a freeze *while* changelog records are on their way cannot be undone, so `Fence.confirm`
+  notices it (a stall the coordinator answers with an eviction) and `Fence.leave_repairs`
+  sends each partition a tick naming those users (its owner writes their newest state again,
+  last) and exits with `EXIT_FENCED`.
 
 Restores skip changelog records older than the state they hold (`streams/state_table.py`).
 """
@@ -175,18 +176,20 @@ class Fence:
                 waited_since = time.monotonic()
             await asyncio.sleep(0.1)
 
-    def unless_frozen(self) -> None:
-        """Raise `FrozenWhileWriting` if the process was frozen (stalled past the lease's
-        limit) since the batch last confirmed it may write: its changelog records could land
-        after a new owner's. Checked before each record is queued and once they are all
-        acknowledged. A batch that merely took that long is rare, and the repair and restart
-        that follow are safe for it."""
-        lease = self.lease
-        stalled = lease.stalled_s()
-        if stalled is not None or lease.stalls != self.stalls_seen:
-            # Frozen since the last check (the loop may have run since, when queueing the
-            # records had to wait, and renewed the lease: the count still shows it).
-            raise FrozenWhileWriting(lease.last_stall_s if stalled is None else stalled)
+    async def confirm(self, generation: int) -> None:
+        """Raise `FrozenWhileWriting` unless this worker is still a member of `generation`,
+        checked before each changelog record batch is queued and once they are all
+        acknowledged: records of a worker that was evicted while they were on their way may
+        land after a new owner's.
+
+        Without a stall since membership was last confirmed this returns at once. After one
+        the coordinator is asked, as `may_write` does: a stall is a freeze or a step that ran
+        that long (a backfill closing a hundred thousand episodes in one batch takes
+        seconds), and only an eviction makes it a zombie's. Still a member of the same
+        generation, no other worker can have written the partitions meanwhile.
+        """
+        if not await self.may_write(generation):
+            raise FrozenWhileWriting(self.lease.last_stall_s)
 
     async def leave_repairs(self, writes: Writes, stalled_s: float) -> NoReturn:
         """After a freeze while writing the changelog: make sure the users' newest states end

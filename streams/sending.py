@@ -11,7 +11,7 @@ one `producer.send` would have used) and their order within it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from streams import faust_patches
@@ -24,15 +24,21 @@ Sent = list[tuple[str, int, int, Any]]
 """Record batches handed to the producer: (topic, partition, records, delivery future)."""
 
 
+async def _nothing() -> None:
+    return None
+
+
 async def hand_over(
-    producer: Any, records: Iterable[Record], before_sending: Callable[[], None] = lambda: None
+    producer: Any,
+    records: Iterable[Record],
+    before_sending: Callable[[], Awaitable[None]] = _nothing,
 ) -> Sent:
     """Hand `records` to the aiokafka `producer` in record batches, without waiting for the
     broker (`acknowledged` does). Records of one partition go out in the order given, after
     any handed over earlier.
 
-    `before_sending()` runs before each record batch is handed to the producer (a hand-off may
-    yield to the event loop; the fence checks for a freeze there).
+    `before_sending()` is awaited before each record batch is handed to the producer (a
+    hand-off may yield to the event loop; the fence checks membership there after a stall).
     """
     grouped: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
     choosers: dict[str, Callable[[bytes | None], int]] = {}
@@ -47,7 +53,7 @@ async def hand_over(
     sent: Sent = []
 
     async def send_batch(topic: str, partition: int, batch: Any, count: int) -> None:
-        before_sending()
+        await before_sending()
         future = await producer.send_batch(batch, topic, partition=partition)
         sent.append((topic, partition, count, future))
 

@@ -11,7 +11,7 @@ had lost its partitions can never move a user back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust.types import TP
@@ -59,7 +59,7 @@ class FaustTable(Table):
         self,
         producer: Any,
         writes: list[tuple[bytes, bytes, Any]],
-        before_sending: Callable[[], None] = lambda: None,
+        before_sending: Callable[[], Awaitable[None]] | None = None,
     ) -> Sent:
         """Hand the changelog records of values just stored to the producer; returns them for
         `changelog_acknowledged`, which waits for the broker.
@@ -69,14 +69,13 @@ class FaustTable(Table):
         callback cost more than the rest of a batch).
         """
         topic = self.changelog_topic
-        return await hand_over(
-            producer,
-            [(topic, context.message.partition, key, value) for key, value, context in writes],
-            before_sending,
-        )
+        records = [(topic, context.message.partition, key, value) for key, value, context in writes]
+        if before_sending is None:
+            return await hand_over(producer, records)
+        return await hand_over(producer, records, before_sending)
 
     async def changelog_acknowledged(
-        self, sent: Sent, before_persisting: Callable[[], None] = lambda: None
+        self, sent: Sent, before_persisting: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Wait until the broker has the records `send_changelog` handed over, then store each
         partition's last changelog offset once, as Faust's callback would store it per record:
@@ -89,11 +88,12 @@ class FaustTable(Table):
         land after the records its successor wrote meanwhile, which this copy never read.
         Storing their offsets would make the next restore here skip the successor's records
         (users stale or missing, their inputs committed and never read again), so
-        `before_persisting` (the fence's freeze check) comes first.
+        `before_persisting` (the fence's membership check) comes first.
         """
         topic = self.changelog_topic
         offsets = await acknowledged(sent)
-        before_persisting()
+        if before_persisting is not None:
+            await before_persisting()
         for (_, partition), offset in offsets.items():
             faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 

@@ -116,3 +116,35 @@ async def test_a_worker_frozen_while_writing_restarts_without_stale_local_state(
     changelog = last_changelog_values(await read_all(kafka, dep.changelog))
     problems = local_problems(local_table(frozen.datadir), changelog, dep)
     assert not problems, f"{len(problems)} local values differ from the changelog: {problems[:5]}"
+
+
+async def test_a_long_step_while_the_changelog_is_on_its_way_is_no_freeze(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    """A batch whose work holds the event loop up for over half the session timeout while
+    the last changelog records travel (a backfill closing a hundred thousand episodes at
+    once takes seconds) looks like a freeze to the worker's lease; it asks the group
+    coordinator, hears it is still a member, and goes on: no exit, nothing lost."""
+    dep = deployment(
+        kafka, request.node.name, settings={**NO_WALL_CLOCK, "ORACULAR_BATCH_MAX": "50"}
+    )
+    events = generate_stream(dep.config, events=1_000, users=80, seed=31)
+    marks = sentinels(events[-1].at + 30 * DAY_MS)
+    expected = expected_outputs(dep.config, events + marks, until=marks[0].at)
+    await dep.create_topics()
+    await produce_events(kafka, dep.topics.events.name, events[: len(events) // 2])
+    worker = worker_for(
+        faust_worker,
+        dep,
+        ORACULAR_TICK_INTERVAL_S=FAST_TICK_S,
+        ORACULAR_TEST_KILL_AT="handed:2:block",
+    )
+    worker.start()
+    await worker.wait_line_async("blocking the worker after handed", FREEZE_TIMEOUT_S)
+    await produce_events(kafka, dep.topics.events.name, events[len(events) // 2 :] + marks)
+    await assert_equals_replay(dep, expected)
+    log = worker.log_text(current_run_only=True)
+    assert worker.running, f"the worker exited:\n{worker.log_tail()}"
+    assert "confirming it still belongs to its group" in log
+    assert "frozen for" not in log
+    assert worker.stop() == 0

@@ -232,17 +232,31 @@ async def test_a_stall_while_asking_asks_again():
 # --- a worker frozen while writing its changelog leaves repairs behind --------------------
 
 
-def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
+async def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
     from streams.fencing import FrozenWhileWriting
 
-    fence = _fence(_App())
-    fence.stalls_seen = fence.lease.stalls
-    fence.unless_frozen()  # not frozen: goes on
+    app = _App([25])  # evicted meanwhile (UnknownMemberId)
+    fence = _fence(app)
+    await fence.confirm(7)  # no stall: goes on without asking
+    assert app.coordinator.asked == []
     fence.lease.renewed -= 5
     fence.lease.stalled_s()  # the lease task saw the stall ...
     fence.lease.renew()  # ... and the loop ran again since
     with pytest.raises(FrozenWhileWriting):
-        fence.unless_frozen()
+        await fence.confirm(7)
+    assert app.coordinator.asked == [(7, "m-1")]
+
+
+async def test_a_long_step_while_writing_is_no_freeze_when_the_worker_is_still_a_member():
+    """A stall is a freeze or a step that ran that long (a backfill's mass close): the
+    coordinator decides, and a member of the same generation writes on."""
+    app = _App([0])
+    fence = _fence(app)
+    fence.lease.renewed -= 5
+    await fence.confirm(7)
+    assert app.coordinator.asked == [(7, "m-1")]
+    await fence.confirm(7)  # confirmed: not asked again
+    assert len(app.coordinator.asked) == 1
 
 
 async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offset():
@@ -266,12 +280,12 @@ async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offse
         future.set_result(SimpleNamespace(offset=base))
         return [("cl", 0, count, future)]
 
-    fence = _fence(_App())
-    await store.changelog_acknowledged(sent(10, 3), fence.unless_frozen)
+    fence = _fence(_App([25]))  # evicted while frozen (UnknownMemberId)
+    await store.changelog_acknowledged(sent(10, 3), lambda: fence.confirm(7))
     assert table.data.persisted == {TP("cl", 0): 12}
     fence.lease.renewed -= 60  # frozen while the next batch's records were on their way
     with pytest.raises(FrozenWhileWriting):
-        await store.changelog_acknowledged(sent(20, 2), fence.unless_frozen)
+        await store.changelog_acknowledged(sent(20, 2), lambda: fence.confirm(7))
     assert table.data.persisted == {TP("cl", 0): 12}
 
 

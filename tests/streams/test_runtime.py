@@ -71,14 +71,14 @@ class GatedTable(Table):
             self.set(key, value, context)
 
     async def send_changelog(self, producer: Any, writes: Any, before_sending: Any) -> int:
-        before_sending()
+        await before_sending()
         self.handed.append([key for key, _, _ in writes])
         self.gates.append(asyncio.get_running_loop().create_future())
         return len(self.gates) - 1
 
     async def changelog_acknowledged(self, sent: int, before_persisting: Any) -> None:
         await self.gates[sent]
-        before_persisting()
+        await before_persisting()
 
 
 @pytest.fixture

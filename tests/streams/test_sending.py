@@ -52,8 +52,10 @@ class FakeProducer:
         return future
 
 
-async def send_all(producer: Any, records: Any, before_sending: Any = lambda: None) -> Any:
+async def send_all(producer: Any, records: Any, before_sending: Any = None) -> Any:
     """Hand over, then wait: what the worker does with a batch's outputs."""
+    if before_sending is None:
+        return await acknowledged(await hand_over(producer, records))
     return await acknowledged(await hand_over(producer, records, before_sending))
 
 
@@ -61,7 +63,11 @@ async def test_records_go_per_partition_in_order_and_full_batches_are_split():
     producer = FakeProducer(room=3)
     records = [("t", i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(9)]
     checks: list[int] = []
-    last = await send_all(producer, records, lambda: checks.append(len(producer.batches)))
+
+    async def check() -> None:
+        checks.append(len(producer.batches))
+
+    last = await send_all(producer, records, check)
     assert producer.logs[("t", 0)] == [
         (f"k{i}".encode(), f"v{i}".encode()) for i in (0, 2, 4, 6, 8)
     ]
