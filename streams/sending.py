@@ -24,14 +24,14 @@ Sent = list[tuple[str, int, int, Any]]
 """Record batches handed to the producer: (topic, partition, records, delivery future)."""
 
 
-async def _nothing() -> None:
-    return None
+async def no_check() -> None:
+    """The default check before a hand-off or an acknowledged write: none."""
 
 
 async def hand_over(
     producer: Any,
     records: Iterable[Record],
-    before_sending: Callable[[], Awaitable[None]] = _nothing,
+    before_sending: Callable[[], Awaitable[None]] = no_check,
 ) -> Sent:
     """Hand `records` to the aiokafka `producer` in record batches, without waiting for the
     broker (`acknowledged` does). Records of one partition go out in the order given, after

@@ -19,7 +19,7 @@ from faust.types import TP
 from schemas.stored import stored_version
 from streams import faust_patches
 from streams.processor import Table
-from streams.sending import Sent, acknowledged, hand_over
+from streams.sending import Sent, acknowledged, hand_over, no_check
 
 log = logging.getLogger("oracular.worker")
 
@@ -59,7 +59,7 @@ class FaustTable(Table):
         self,
         producer: Any,
         writes: list[tuple[bytes, bytes, Any]],
-        before_sending: Callable[[], Awaitable[None]] | None = None,
+        before_sending: Callable[[], Awaitable[None]] = no_check,
     ) -> Sent:
         """Hand the changelog records of values just stored to the producer; returns them for
         `changelog_acknowledged`, which waits for the broker.
@@ -70,12 +70,10 @@ class FaustTable(Table):
         """
         topic = self.changelog_topic
         records = [(topic, context.message.partition, key, value) for key, value, context in writes]
-        if before_sending is None:
-            return await hand_over(producer, records)
         return await hand_over(producer, records, before_sending)
 
     async def changelog_acknowledged(
-        self, sent: Sent, before_persisting: Callable[[], Awaitable[None]] | None = None
+        self, sent: Sent, before_persisting: Callable[[], Awaitable[None]] = no_check
     ) -> None:
         """Wait until the broker has the records `send_changelog` handed over, then store each
         partition's last changelog offset once, as Faust's callback would store it per record:
@@ -92,8 +90,7 @@ class FaustTable(Table):
         """
         topic = self.changelog_topic
         offsets = await acknowledged(sent)
-        if before_persisting is not None:
-            await before_persisting()
+        await before_persisting()
         for (_, partition), offset in offsets.items():
             faust_patches.set_persisted_offset(self.table, TP(topic, partition), offset)
 

@@ -30,7 +30,7 @@ from streams.fencing import EXIT_FENCED
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker
 from .test_durability import last_changelog_values, local_problems, local_table
-from .test_worker import FAST_TICK_S, assert_equals_replay, worker_for
+from .test_worker import DAY_MS, FAST_TICK_S, assert_equals_replay, worker_for
 from .worker_support import (
     NO_WALL_CLOCK,
     deployment,
@@ -45,7 +45,6 @@ from .worker_support import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DAY_MS = 24 * 3600 * 1000
 FREEZE_TIMEOUT_S = 60.0  # the started worker reaches its first changelog write and stops
 EXIT_TIMEOUT_S = 60.0  # the resumed worker notices the freeze, sends its repairs and exits
 

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams import faust_patches
-from streams.sending import acknowledged, hand_over
+from streams.sending import acknowledged, hand_over, no_check
 
 
 class FakeBatch:
@@ -52,10 +52,8 @@ class FakeProducer:
         return future
 
 
-async def send_all(producer: Any, records: Any, before_sending: Any = None) -> Any:
+async def send_all(producer: Any, records: Any, before_sending: Any = no_check) -> Any:
     """Hand over, then wait: what the worker does with a batch's outputs."""
-    if before_sending is None:
-        return await acknowledged(await hand_over(producer, records))
     return await acknowledged(await hand_over(producer, records, before_sending))
 
 
