@@ -12,8 +12,8 @@ log = logging.getLogger("oracular.worker")
 
 
 class KillSwitch:
-    """Crash and freeze tests only: SIGKILL (or SIGSTOP) this worker at one step of its n-th
-    batch.
+    """Crash and freeze tests only: kill, freeze or hold up this worker at one step of its
+    n-th batch.
 
     `ORACULAR_TEST_KILL_AT=STEP:N[:stop|:block]` with STEP one of outputs (delivered), stored (local
     store written), handed (changelog records handed to the producer, not yet acknowledged),
@@ -27,12 +27,18 @@ class KillSwitch:
     """
 
     STEPS: Final = ("outputs", "stored", "handed", "changelog", "acked")
-    SIGNALS: Final = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+    HOW: Final = {
+        "kill": ("killing", signal.SIGKILL),
+        "stop": ("freezing", signal.SIGSTOP),
+        "block": ("blocking", None),
+    }
+    """What `:how` does: the log's verb, and the signal the process sends itself (None: it
+    sleeps `BLOCK_S` on the event loop's thread)."""
     BLOCK_S: Final = 4.0
     """Over half the tests' session timeout (6 s, the broker's minimum), under all of it."""
 
     def __init__(self, step: str | None, batch: int, how: str = "kill") -> None:
-        """Kill (or stop) at `step` of the `batch`-th batch (None: never)."""
+        """Kill, stop or block (`how`) at `step` of the `batch`-th batch (None: never)."""
         self.step, self.batch, self.how = step, batch, how
         self.seen: dict[str, int] = {}
 
@@ -45,7 +51,7 @@ class KillSwitch:
         step, _, rest = spec.partition(":")
         batch, _, how = rest.partition(":")
         how = how or "kill"
-        if step not in cls.STEPS or not batch.isdigit() or how not in (*cls.SIGNALS, "block"):
+        if step not in cls.STEPS or not batch.isdigit() or how not in cls.HOW:
             msg = (
                 f"ORACULAR_TEST_KILL_AT={spec!r}: must be STEP:N, STEP:N:stop or STEP:N:block, "
                 f"STEP one of {cls.STEPS}"
@@ -54,19 +60,19 @@ class KillSwitch:
         return cls(step, int(batch), how)
 
     def reached(self, step: str) -> None:
-        """Count `step`; SIGKILL (SIGSTOP) this process when it is the chosen one."""
+        """Count `step`; kill, stop or block this process when it is the chosen one."""
         if self.step != step:
             return
         self.seen[step] = self.seen.get(step, 0) + 1
         if self.seen[step] == self.batch:
-            verb = {"kill": "killing", "stop": "freezing", "block": "blocking"}[self.how]
+            verb, sent = self.HOW[self.how]
             log.warning("ORACULAR_TEST_KILL_AT: %s the worker after %s", verb, step)
-            if self.how == "block":
+            if sent is None:
                 time.sleep(self.BLOCK_S)  # the event loop's thread only
                 return
-            if self.how == "kill":
+            if sent == signal.SIGKILL:
                 logging.shutdown()
             else:
                 for handler in logging.getLogger().handlers:
                     handler.flush()
-            os.kill(os.getpid(), self.SIGNALS[self.how])
+            os.kill(os.getpid(), sent)
