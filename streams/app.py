@@ -142,9 +142,9 @@ def create_app(
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
         stop_offsets=None if backfill is None else backfill.stop,
         cache_users=settings.state_cache_users,
-        # A bounded run closes everything at its end; a live worker spreads a mass of due
-        # closes over ticks, so it never stalls for seconds on them.
-        timer_closes_per_batch=None if backfill is not None else TIMER_CLOSES_PER_BATCH,
+        # A mass of due closes (a backfill's end, live input after a backlog) is spread over
+        # ticks sent at once, so no batch stalls the worker for seconds on them.
+        timer_closes_per_batch=TIMER_CLOSES_PER_BATCH,
     )
     runtime = _Runtime(
         app, processor, FaustTable(table), outputs, settings, ticks=ticks, backfill=backfill
@@ -444,7 +444,12 @@ class _Runtime:
         faust_patches.ack_all(self.app, events)
         self.faults.reached("acked")
         if self.backfill is not None:
-            self.backfill.advance(messages, next_offset, self.settings.topics.ticks.name)
+            self.backfill.advance(
+                messages,
+                next_offset,
+                self.settings.topics.ticks.name,
+                self.processor.ticks_left_due,
+            )
 
     async def _changelog_failed(
         self, exc: Exception, writes: list[tuple[bytes, bytes, Any]]

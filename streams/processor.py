@@ -341,6 +341,9 @@ class Processor:
         self.more_due: set[int] = set()
         """Partitions whose last tick left due episodes open (the per-batch limit): the worker
         ticks them again at once instead of a tick interval later."""
+        self.ticks_left_due: set[tuple[int, int]] = set()
+        """(partition, offset) of the ticks that left due episodes open: a backfill's
+        partition is finished only by a tick that closed all of them (`Backfill.advance`)."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
@@ -683,6 +686,8 @@ class Processor:
         while heap and heap[0][0] < watermark:
             if batch.timer_closes_left is not None and closed >= batch.timer_closes_left:
                 self.more_due.add(partition)  # the rest on the next tick (`more_due`)
+                if message.topic == self.ticks_topic:
+                    self.ticks_left_due.add((partition, message.offset))
                 break
             deadline, key = heapq.heappop(heap)
             current = live.get(key)
@@ -721,6 +726,8 @@ class Processor:
             self.closed_by_reason[transition.closed.reason] += 1
             batch.outputs.append(output)
             closed += 1
+        if partition not in self.more_due:  # (a tick read again after a rebalance)
+            self.ticks_left_due.discard((partition, message.offset))
         if batch.timer_closes_left is not None:
             batch.timer_closes_left -= closed
         return closed

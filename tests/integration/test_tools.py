@@ -18,6 +18,7 @@ from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output
 from streams.admin import ensure_topics_async
+from streams.app import TIMER_CLOSES_PER_BATCH
 from streams.topics import product_topics
 from tests.cli import run_oracular
 
@@ -129,6 +130,25 @@ def test_backfill_equals_replay_and_is_repeatable(kafka, name, tmp_path):
         runs.append(asyncio.run(_outputs(kafka, outputs, len(expected))))
     assert runs[0] == expected
     assert runs[1] == runs[0]
+
+
+def test_a_backfill_whose_end_closes_more_episodes_than_a_batch_may(kafka, name, tmp_path):
+    """At a backfill's end thousands of episodes fall due at once; a batch closes at most
+    `TIMER_CLOSES_PER_BATCH` of them and the worker ticks again for the rest. The backfill
+    ends only once the last of them is closed: every close is published, as the replay."""
+    prefix = name("bfm")
+    config = load_config(CONFIG)
+    events = clickstream(config, 6_000, 5_000, seed=9)  # 3,000+ users end with an open episode
+    asyncio.run(_setup(kafka, prefix, events))
+    replayed = expected_outputs(config, events, until=END_OF_TIME)
+    expected = replayed.messages
+    closes = sum(1 for m in replayed.episodes.values() if m["reason"] == "timeout")
+    assert closes > 2 * TIMER_CLOSES_PER_BATCH, closes
+    env = _env(kafka, prefix, tmp_path)
+    done = _backfill(env, f"{prefix}-app", "--output-suffix", ".bf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = [f"{prefix}.predictions.bf", f"{prefix}.episodes.bf"]
+    assert asyncio.run(_outputs(kafka, outputs, len(expected))) == expected
 
 
 def test_a_backfill_in_two_processes_equals_the_replay(kafka, name, tmp_path):

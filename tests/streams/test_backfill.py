@@ -12,8 +12,8 @@ from streams.processor import InMessage
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
 
 
-def _tick(partition: int) -> InMessage:
-    return InMessage(TICKS, partition, 0, None, b"", None)
+def _tick(partition: int, offset: int = 0) -> InMessage:
+    return InMessage(TICKS, partition, offset, None, b"", None)
 
 
 def _backfill() -> tuple[Backfill, list[str]]:
@@ -96,3 +96,18 @@ def test_a_range_survives_json_and_counts_handled_messages_from_committed_offset
     assert span.handled({}) == 0
     assert span.handled({0: 60, 1: 50}) == 100
     assert span.handled({0: 500, 1: 0, 2: 9}) == 100  # never past a partition's stop
+
+
+def test_a_tick_that_left_episodes_due_finishes_nothing():
+    """A batch closes at most so many due episodes: the tick that left some open does not
+    end the backfill (its outputs would be missing); the tick that closes the rest does."""
+    run, ended = _backfill()
+    handled = {0: 100, 1: 50}
+    left_due = {(0, 7), (1, 3)}
+    run.advance([_tick(0, offset=7), _tick(1, offset=3)], handled, TICKS, left_due)
+    assert ended == [] and run.finished == set()
+    assert left_due == set()  # forgotten once seen
+    run.advance([_tick(0, offset=8)], handled, TICKS, left_due)
+    assert ended == [] and run.finished == {0}
+    run.advance([_tick(1, offset=4)], handled, TICKS, left_due)
+    assert ended == ["done"]

@@ -185,8 +185,8 @@ def test_missing_ts_uses_the_record_timestamp(config):
     assert decode_stored(table.partitions[0][b"u1"], config).state.clock == TS
 
 
-def _tick(partition=0, sent_at=0):
-    return InMessage(TICKS, partition, 0, None, encode_tick(sent_at), None, partition)
+def _tick(partition=0, sent_at=0, offset=0):
+    return InMessage(TICKS, partition, offset, None, encode_tick(sent_at), None, partition)
 
 
 def test_tick_closes_due_episodes_at_last_event_plus_timeout(config):
@@ -243,9 +243,11 @@ def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
     _run_capped(whole, whole_table, events, caught_up=False, wall=TS)
     per_tick, wanted_more = [], []
     for n in range(4):
-        per_tick.append(_run_capped(capped, capped_table, [_tick(sent_at=late + n)]))
+        per_tick.append(_run_capped(capped, capped_table, [_tick(sent_at=late + n, offset=n)]))
         wanted_more.append(set(capped.more_due))
     assert wanted_more == [{0}, {0}, set(), set()]  # the worker ticks partition 0 again at once
+    # A backfill is finished by the third tick, not by the two that left closes due.
+    assert capped.ticks_left_due == {(0, 0), (0, 1)}
     assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
     assert capped.more_due == set()  # the last ticks closed everything due: no tick again
     [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
