@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -62,7 +63,7 @@ from bench.synthetic import clickstream
 from bench.topics import create_topics, end_offsets
 from bench.workers import CONFIG, PARTITIONS, ROOT, clean_env
 from engine import END_OF_TIME, Replayer
-from infra.broker import start_broker
+from infra.broker import PRODUCTION_GROUP_SETTINGS, start_broker
 from infra.processes import LoggedProcess
 from schemas.config import load_config
 from schemas.events import encode_event
@@ -352,7 +353,8 @@ def section(args: argparse.Namespace, facts: dict[str, Any], runs: list[Run]) ->
         + "; ".join(f"{r.label} before {r.load_before}, after {r.load_after}" for r in runs)
         + f". Other test runs (pytest) seen at the start: {facts['pytest']}.",
         f"Broker: Kafka {kafka_version()} single node started by the bench "
-        "(`infra.broker.start_broker`, free ports, temp dir). Code: "
+        "(`infra.broker.start_broker`, free ports, temp dir; Kafka's default 3 s "
+        "`group.initial.rebalance.delay.ms`). Code: "
         f"{code_version(ROOT)}.",
         f"Command: `python -m bench.backfill --events {args.events} --users {args.users}`.",
         "",
@@ -493,7 +495,13 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         if bootstrap is None:
             broker = await asyncio.to_thread(
-                start_broker, base / "kafka", port=None, stop_with_parent=True
+                functools.partial(
+                    start_broker,
+                    base / "kafka",
+                    port=None,
+                    stop_with_parent=True,
+                    overrides=PRODUCTION_GROUP_SETTINGS,
+                )
             )
             bootstrap = broker.bootstrap
         runs = await measure(args, bootstrap, base, facts)

@@ -57,7 +57,7 @@ from pathlib import Path
 from bench import latency, recovery, throughput
 from bench.results import Results
 from bench.session import Params, Session, say
-from infra.broker import start_broker
+from infra.broker import PRODUCTION_GROUP_SETTINGS, start_broker
 
 PHASES = (
     ("throughput", throughput.measure),
@@ -92,7 +92,9 @@ def run(params: Params) -> Results:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     workdir = Path(tempfile.mkdtemp(prefix="oracular-bench-"))
     say(f"working directory {workdir}")
-    broker = start_broker(workdir / "kafka", port=None, stop_with_parent=True)
+    broker = start_broker(
+        workdir / "kafka", port=None, stop_with_parent=True, overrides=PRODUCTION_GROUP_SETTINGS
+    )
     try:
         return asyncio.run(run_phases(Session(broker, workdir, params)))
     finally:

@@ -203,7 +203,9 @@ def section(r: Results, command: str) -> str:
         *r.notes,
         r.machine_load(),
         f"Broker: Kafka {kafka_version()} single node started by the bench "
-        "(`infra.broker.start_broker`, free ports, temp dir; heap 512 MiB).",
+        "(`infra.broker.start_broker`, free ports, temp dir; heap 512 MiB; a new group's first "
+        "rebalance waits 3 s for more members, Kafka's default `group.initial.rebalance.delay.ms`, "
+        "where the tests' broker waits 0).",
         "Worker: `python -m streams.cli worker --config examples/oracular.yaml`, one process, "
         f"ORACULAR_PARTITIONS={PARTITIONS}, at-least-once, RocksDB, a new app id, topic prefix "
         "and datadir per run, other settings default (batches: `streams/settings.py`)"

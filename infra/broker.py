@@ -33,9 +33,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 # Shared with the tests' and the benchmarks' worker processes.
 from infra.processes import LOG_TAIL_LINES, rss_bytes, tail, tied_to_parent
@@ -367,7 +368,18 @@ def log_path(workdir: Path) -> Path:
     return workdir / "logs" / "server.log"
 
 
-def server_properties(workdir: Path, port: int, controller_port: int) -> str:
+PRODUCTION_GROUP_SETTINGS: Final = {"group.initial.rebalance.delay.ms": "3000"}
+"""Kafka's own default for a new consumer group's first rebalance, as a production cluster has
+it: the coordinator waits 3 s for more members before it assigns. The test broker waits 0 (a
+test's worker starts at once), so of N processes started together the first got every
+partition, drained alone until its next heartbeat, then gave half away in a second rebalance;
+the benches measure N processes as they start on a real cluster."""
+
+
+def server_properties(
+    workdir: Path, port: int, controller_port: int, overrides: Mapping[str, str] | None = None
+) -> str:
+    """The broker's server.properties: single node, `SINGLE_NODE_SETTINGS`, then `overrides`."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -379,6 +391,7 @@ def server_properties(workdir: Path, port: int, controller_port: int) -> str:
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(workdir / "data"),
         **SINGLE_NODE_SETTINGS,
+        **(overrides or {}),
     }
     header = "# Written by infra/broker.py on every `up`; edit SINGLE_NODE_SETTINGS there.\n"
     return header + "".join(f"{key}={value}\n" for key, value in settings.items())
@@ -470,6 +483,7 @@ def start_broker(
     cache_dir: Path = DEFAULT_CACHE_DIR,
     ready_timeout: float = READY_TIMEOUT_S,
     stop_with_parent: bool = False,
+    overrides: Mapping[str, str] | None = None,
 ) -> Broker:
     """Start a broker whose config, data and log live in `workdir`, and wait until it answers.
 
@@ -477,6 +491,8 @@ def start_broker(
     controller on `port + 1`. A healthy broker left in `workdir` by an earlier run is reused
     (if it is on the requested port); an unhealthy one is stopped first. `stop_with_parent`
     makes the broker exit with the calling process (test sessions); the CLI's broker outlives it.
+    `overrides` are broker settings written over `SINGLE_NODE_SETTINGS` (the benches use
+    `PRODUCTION_GROUP_SETTINGS`).
     """
     # Every missing tool in one message: mvn only matters while the jars are not fetched.
     require_tools("java", *([] if jars_fetched(cache_dir) else ["mvn"]))
@@ -495,7 +511,7 @@ def start_broker(
     client_port, controller_port = choose_ports(port)
     lib = fetch_jars(cache_dir)
     properties = workdir / "server.properties"
-    properties.write_text(server_properties(workdir, client_port, controller_port))
+    properties.write_text(server_properties(workdir, client_port, controller_port, overrides))
 
     started = time.monotonic()
     _format_storage(lib, properties, workdir)

@@ -179,6 +179,14 @@ def test_server_properties_are_single_node_and_local(tmp_path: Path) -> None:
     assert props["log.dirs"] == str(tmp_path / "data")
 
 
+def test_overrides_are_written_over_the_single_node_settings(tmp_path: Path) -> None:
+    """The benches' broker waits for more members as a production cluster does."""
+    text = broker.server_properties(tmp_path, 19092, 19093, broker.PRODUCTION_GROUP_SETTINGS)
+    lines = [line for line in text.splitlines() if line.startswith("group.initial")]
+
+    assert lines == ["group.initial.rebalance.delay.ms=3000"]  # once: the override replaced it
+
+
 def test_cluster_id_is_made_once_per_runtime_dir(tmp_path: Path) -> None:
     first = broker.cluster_id(tmp_path)
 
