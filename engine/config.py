@@ -27,9 +27,10 @@ DEFAULT_THRESHOLD: Final = 0.5
 DEFAULT_Z: Final = 1.0
 DEFAULT_COOLDOWN_MS: Final = 86_400_000  # one day
 MAX_MAGNITUDE: Final = 1e6
-"""The largest |weight|, gain, priorWeight, priorEpisodes and z: far beyond any useful value, and
-small enough that α and β summed over any number of events stay finite floats (the Beta
-model's spread multiplies α, β and the cube of their sum; a weight of 1e308 made p NaN)."""
+"""The largest |weight|, gain, priorWeight and z: far beyond any useful value, and small enough
+that α and β summed over any number of events stay finite floats (the Beta model's spread
+multiplies α, β and the cube of their sum; a weight of 1e308 made p NaN). `priorEpisodes` has
+no maximum: any positive real is valid (SPEC §2), and the blend stays finite up to 1e308."""
 
 _TOP_KEYS: Final = frozenset({"$schema", "episodeTimeout", "learning", "intents"})
 _LEARNING_KEYS: Final = frozenset({"gain", "priorEpisodes", "lift", "halfLife"})
@@ -235,8 +236,7 @@ def _read_learning(
         "learning",
         problems,
         DEFAULT_PRIOR_EPISODES,
-        exclusive_minimum=0.0,
-        maximum=MAX_MAGNITUDE,
+        exclusive_minimum=0.0,  # no maximum: any positive real is valid (SPEC §2)
     )
     lift = obj.get("lift", DEFAULT_LIFT)
     if not isinstance(lift, str) or lift not in LIFT_MEASURES:
@@ -257,6 +257,9 @@ def _read_learning(
 def _read_intent(
     name: object, obj: object, problems: list[tuple[str, str]], warnings: list[str]
 ) -> IntentConfig | None:
+    if isinstance(name, str) and not _is_text(name):
+        problems.append(("intents", _not_text(name)))
+        return None
     path = f"intents.{name}"
     if not isinstance(name, str) or not name:
         problems.append((path, "intent names must be non-empty strings"))
@@ -270,6 +273,9 @@ def _read_intent(
     if outcome is not None and (not isinstance(outcome, str) or not outcome):
         problems.append((f"{path}.outcome", f"must be an event name (got {outcome!r:.40})"))
         outcome = None
+    elif outcome is not None and not _is_text(outcome):
+        problems.append((f"{path}.outcome", _not_text(outcome)))
+        outcome = None
     if outcome is not None and outcome in signals:
         warnings.append(
             f"{path}.outcome: {outcome!r} is also one of this intent's signals; "
@@ -279,29 +285,36 @@ def _read_intent(
     if not isinstance(reset, bool):
         problems.append((f"{path}.resetOnOutcome", f"must be true or false (got {reset!r:.40})"))
         reset = True
+    half_life_ms = _duration(obj, "halfLife", path, problems, positive=True)
+    attribution_ms = _duration(obj, "attribution", path, problems)
+    before = len(problems)
+    prior = _number(
+        obj,
+        "prior",
+        path,
+        problems,
+        DEFAULT_PRIOR,
+        exclusive_minimum=0.0,
+        exclusive_maximum=1.0,
+    )
+    prior_weight = _number(
+        obj,
+        "priorWeight",
+        path,
+        problems,
+        DEFAULT_PRIOR_WEIGHT,
+        exclusive_minimum=0.0,
+        maximum=MAX_MAGNITUDE,
+    )
+    if len(problems) == before:
+        _check_prior_parameters(path, prior, prior_weight, problems)
     return IntentConfig(
         signals=signals,
         outcome=outcome,
-        half_life_ms=_duration(obj, "halfLife", path, problems, positive=True),
-        attribution_ms=_duration(obj, "attribution", path, problems),
-        prior=_number(
-            obj,
-            "prior",
-            path,
-            problems,
-            DEFAULT_PRIOR,
-            exclusive_minimum=0.0,
-            exclusive_maximum=1.0,
-        ),
-        prior_weight=_number(
-            obj,
-            "priorWeight",
-            path,
-            problems,
-            DEFAULT_PRIOR_WEIGHT,
-            exclusive_minimum=0.0,
-            maximum=MAX_MAGNITUDE,
-        ),
+        half_life_ms=half_life_ms,
+        attribution_ms=attribution_ms,
+        prior=prior,
+        prior_weight=prior_weight,
         threshold=_number(
             obj, "threshold", path, problems, DEFAULT_THRESHOLD, minimum=0.0, maximum=1.0
         ),
@@ -309,6 +322,30 @@ def _read_intent(
         cooldown_ms=_or_default(_duration(obj, "cooldown", path, problems), DEFAULT_COOLDOWN_MS),
         reset_on_outcome=reset,
     )
+
+
+def _check_prior_parameters(
+    path: str,
+    prior: float,
+    prior_weight: float,
+    problems: list[tuple[str, str]],
+) -> None:
+    """α0 = prior·priorWeight and β0 = (1 − prior)·priorWeight must be positive floats: a
+    product that underflows to 0 (priorWeight 1e-323) leaves Beta(0, β), no distribution, and
+    with both 0 a p of 0/0 once the evidence has decayed away."""
+    for name, product in (
+        ("prior·priorWeight", prior * prior_weight),
+        ("(1 − prior)·priorWeight", (1.0 - prior) * prior_weight),
+    ):
+        if product == 0.0:  # only a given priorWeight < 1 can do it: the default is 10
+            problems.append(
+                (
+                    f"{path}.priorWeight",
+                    f"too small: {name} must be a positive float "
+                    f"(got prior {prior!r}, priorWeight {prior_weight!r})",
+                )
+            )
+            return
 
 
 def _read_signals(obj: object, path: str, problems: list[tuple[str, str]]) -> dict[str, float]:
@@ -320,7 +357,9 @@ def _read_signals(obj: object, path: str, problems: list[tuple[str, str]]) -> di
         return {}
     signals: dict[str, float] = {}
     for signal, weight in obj.items():
-        if not isinstance(signal, str) or not signal:
+        if isinstance(signal, str) and not _is_text(signal):
+            problems.append((path, _not_text(signal)))
+        elif not isinstance(signal, str) or not signal:
             problems.append((f"{path}.{signal}", "signal names must be non-empty strings"))
         elif not _is_finite_number(weight):
             problems.append(
@@ -400,9 +439,24 @@ def _unknown_keys(
 ) -> None:
     for key in obj:
         if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
+            shown = key if not isinstance(key, str) or _is_text(key) else ascii(key)
+            where = f"{path}.{shown}" if path else str(shown)
             choices = ", ".join(sorted(k for k in allowed if not k.startswith("$")))
             problems.append((where, f"unknown key; expected one of {choices}"))
+
+
+def _is_text(name: str) -> bool:
+    """Whether `name` is valid Unicode text: no lone surrogate (json.loads makes one of
+    "\\ud800"), which UTF-8, and so a serialized state or an output, cannot hold."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_text(name: str) -> str:
+    return f"name {name!r:.60} is not valid Unicode text (it holds a lone surrogate)"
 
 
 def _is_finite_number(value: object) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Context, Decimal
 from typing import Final
 
 MS_PER_UNIT: Final[dict[str, int]] = {
@@ -25,7 +26,14 @@ MAX_DURATION_MS: Final = MAX_TIME_MS
 """The longest duration a config may give (about 8,000 years): a deadline, a cooldown's end
 or an attribution window's end stays a storable time."""
 
-_DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+MAX_DECIMAL_PLACES: Final[dict[str, int]] = {"ms": 0, "s": 3, "m": 4, "h": 5, "d": 5, "w": 5}
+"""The most decimal places a string duration may have per unit: as many as keep every value a
+whole number of milliseconds (60,000 = 6·10^4, 3,600,000 = 36·10^5, 86,400,000 = 864·10^5,
+604,800,000 = 6048·10^5). The JSON Schema's duration pattern states the same rule."""
+
+# ASCII digits only ([0-9], not \d, which in Python also matches other scripts' digits): the
+# JSON Schema's pattern says the same.
+_DURATION_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d|w)\s*$")
 
 
 def parse_duration(value: object) -> int:
@@ -33,7 +41,9 @@ def parse_duration(value: object) -> int:
 
     Args:
         value: an int or float number of milliseconds, or a string `<number><unit>` with unit
-            one of ms, s, m, h, d, w (e.g. `500ms`, `1.5h`, `7d`).
+            one of ms, s, m, h, d, w (e.g. `500ms`, `1.5h`, `7d`) and at most
+            `MAX_DECIMAL_PLACES[unit]` decimal places (none with ms, 3 with s, 4 with m, 5
+            with h, d and w), so that every such string is a whole number of milliseconds.
 
     Returns:
         The duration in milliseconds, >= 0.
@@ -54,9 +64,29 @@ def parse_duration(value: object) -> int:
             msg = f"must be a duration such as 500ms, 30s, 30m, 12h, 7d or 2w (got {value!r:.40})"
             raise ValueError(msg)
         number, unit = match.groups()
-        return _whole_ms(float(number) * MS_PER_UNIT[unit], value)
+        return _string_ms(number, unit, value)
     msg = f"must be a duration such as 30m or a number of milliseconds (got {type(value).__name__})"
     raise ValueError(msg)
+
+
+def _string_ms(number: str, unit: str, original: str) -> int:
+    """`number` (ASCII digits, perhaps a point) times the unit, exactly: a decimal, not a float
+    (1.001 is not a float, so float('1.001') * 1000 is 1000.9999999999999)."""
+    places = len(number.partition(".")[2])
+    most = MAX_DECIMAL_PLACES[unit]
+    if places > most:
+        allowed = "no decimal places" if most == 0 else f"at most {most} decimal places"
+        msg = (
+            f"must be a whole number of milliseconds: {allowed} with {unit} (got {original!r:.40})"
+        )
+        raise ValueError(msg)
+    # Decimal(str) is exact; the product is too with this precision (the unit has 9 digits
+    # at most). An explicit context: the thread's current one may have been changed.
+    ms = Context(prec=len(number) + 12).multiply(Decimal(number), MS_PER_UNIT[unit])
+    if ms > MAX_DURATION_MS:  # compared before int(): the number may have any length
+        msg = f"must be at most {MAX_DURATION_MS} ms, about 8,000 years (got {original!r:.40})"
+        raise ValueError(msg)
+    return _checked_ms(int(ms), original)
 
 
 def _whole_ms(ms: float, original: object) -> int:

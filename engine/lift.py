@@ -151,4 +151,10 @@ def blend(initial: float, learned: float, contrast: float, prior_episodes: float
     """effective = (k × w0 + nEff × learned) / (k + nEff), k = learning.priorEpisodes."""
     if contrast <= 0.0:
         return initial  # no counterfactual: the developer's weight stands, exactly
-    return (prior_episodes * initial + contrast * learned) / (prior_episodes + contrast)
+    effective = (prior_episodes * initial + contrast * learned) / (prior_episodes + contrast)
+    if math.isfinite(effective):
+        return effective
+    # k·w0 overflowed (k near 1e308, which priorEpisodes may be): the same blend divided
+    # through by k. Only then, so every finite result stays bit for bit what it was.
+    share = contrast / prior_episodes
+    return (initial + share * learned) / (1.0 + share)

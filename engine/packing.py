@@ -10,7 +10,7 @@ float64, str/bin types), so the stream processor may use that faster C codec on
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 _FLOAT = struct.Struct(">d")
 _FLOAT32 = struct.Struct(">f")
@@ -114,14 +114,23 @@ def _pack_header(
         out += struct.pack(">I", length)
 
 
+MAX_DEPTH: Final = 32
+"""The deepest nesting of arrays and maps `unpack` reads. A state record nests 6 deep (the
+record, its intents' map, an intent, its held episodes, one held episode, its signals; an
+embedded config 5: the record, config, intents, an intent, its signals), so 32 leaves room for
+later formats while bytes such as 100,000 one-item arrays fail at once with a PackingError,
+not with Python's RecursionError."""
+
+
 def unpack(data: bytes) -> Any:
     """Decode one msgpack value that fills `data` exactly.
 
     Raises:
-        PackingError: truncated data, trailing bytes, or an unsupported type code.
+        PackingError: truncated data, trailing bytes, an unsupported type code, or arrays and
+            maps nested deeper than `MAX_DEPTH`.
     """
     try:
-        value, end = _unpack(memoryview(data), 0)
+        value, end = _unpack(memoryview(data), 0, 0)
     except (IndexError, struct.error) as exc:
         msg = "truncated msgpack data"
         raise PackingError(msg) from exc
@@ -158,7 +167,10 @@ _LENGTHS = {  # code -> (kind, bytes of the length field)
 }
 
 
-def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911 - one per code family
+def _unpack(  # noqa: PLR0911 - one per code family
+    data: memoryview, pos: int, depth: int
+) -> tuple[Any, int]:
+    """The value at `pos` and the position after it; `depth`: the arrays and maps around it."""
     code = data[pos]
     pos += 1
     if code < 0x80:
@@ -166,11 +178,11 @@ def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911 - o
     if code >= 0xE0:
         return code - 0x100, pos
     if 0xA0 <= code <= 0xBF:
-        return _unpack_body("str", code & 0x1F, data, pos)
+        return _unpack_body("str", code & 0x1F, data, pos, depth)
     if 0x90 <= code <= 0x9F:
-        return _unpack_body("array", code & 0x0F, data, pos)
+        return _unpack_body("array", code & 0x0F, data, pos, depth)
     if 0x80 <= code <= 0x8F:
-        return _unpack_body("map", code & 0x0F, data, pos)
+        return _unpack_body("map", code & 0x0F, data, pos, depth)
     if code in _SIMPLE:
         return _SIMPLE[code], pos
     if code in _NUMBERS:
@@ -182,12 +194,12 @@ def _unpack(data: memoryview, pos: int) -> tuple[Any, int]:  # noqa: PLR0911 - o
         length = int.from_bytes(data[pos : pos + size], "big")
         if pos + size > len(data):
             raise IndexError(pos)
-        return _unpack_body(kind, length, data, pos + size)
+        return _unpack_body(kind, length, data, pos + size, depth)
     msg = f"unsupported msgpack type code 0x{code:02x}"
     raise PackingError(msg)
 
 
-def _unpack_body(kind: str, length: int, data: memoryview, pos: int) -> tuple[Any, int]:
+def _unpack_body(kind: str, length: int, data: memoryview, pos: int, depth: int) -> tuple[Any, int]:
     if kind in ("str", "bin"):
         end = pos + length
         if end > len(data):
@@ -202,17 +214,21 @@ def _unpack_body(kind: str, length: int, data: memoryview, pos: int) -> tuple[An
             raise PackingError(msg) from exc
     if length > len(data) - pos:  # each item takes at least one byte: refuse absurd lengths
         raise IndexError(length)
+    depth += 1
+    if depth > MAX_DEPTH:
+        msg = f"msgpack arrays and maps nested deeper than {MAX_DEPTH} levels"
+        raise PackingError(msg)
     if kind == "array":
         items = []
         for _ in range(length):
-            item, pos = _unpack(data, pos)
+            item, pos = _unpack(data, pos, depth)
             items.append(item)
         return items, pos
     mapping: dict[Any, Any] = {}
     for _ in range(length):
-        key, pos = _unpack(data, pos)
+        key, pos = _unpack(data, pos, depth)
         if isinstance(key, list | dict):
             msg = "msgpack map keys must be scalars"
             raise PackingError(msg)
-        mapping[key], pos = _unpack(data, pos)
+        mapping[key], pos = _unpack(data, pos, depth)
     return mapping, pos

@@ -9,8 +9,10 @@ evidence decayed) and store nothing: the next `observe` stores the same verdicts
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from engine.config import IntentConfig
 from engine.episodes import clamp_time, close_timed_out, settle
@@ -191,7 +193,9 @@ def explain(state: EngineState, intent: str, at: int) -> Explanation:
             (0.0, 0.0) if record is None else counts_at(record, at, learning.half_life_ms)
         )
         plus, minus = _evidence_at(current, signal, config, at)
-        without = (alpha - plus) / (alpha - plus + beta - minus)
+        without = _p_without(
+            current, config, at, signal, alpha_plus=(alpha, plus), beta_minus=(beta, minus)
+        )
         signals[signal] = SignalExplanation(
             initial,
             learned,
@@ -244,11 +248,59 @@ def _prediction(intent: IntentState, config: IntentConfig, at: int) -> Predictio
     alpha, beta = beta_parameters(intent, config, at)
     total = alpha + beta
     p = alpha / total
-    sd = math.sqrt(alpha * beta / (total * total * (total + 1.0)))
+    sd = spread(alpha, beta, total)
     lower = p - config.z * sd
     until = suppressed_until(intent, config, at)
     reveal = p >= config.threshold and lower >= config.threshold and until is None
     return Prediction(p, sd, lower, alpha, beta, reveal, until)
+
+
+def spread(alpha: float, beta: float, total: float) -> float:
+    """The Beta(α, β) standard deviation sqrt(αβ / ((α+β)²(α+β+1))), `total` = α + β.
+
+    That formula is the one every pinned result was computed with, so it stays wherever its
+    products are normal floats. With a tiny priorWeight (1e-200) αβ and (α+β)³ underflow (to 0:
+    a ZeroDivisionError, or to subnormals that lose precision); then the same value is computed
+    as (α/(α+β))·(β/(α+β)) / (α+β+1), whose terms stay normal.
+    """
+    product = alpha * beta
+    cube = total * total * (total + 1.0)
+    if _TINY <= product < math.inf and _TINY <= cube < math.inf:
+        return math.sqrt(product / cube)
+    return math.sqrt((alpha / total) * (beta / total) / (total + 1.0))
+
+
+_TINY: Final = sys.float_info.min  # the smallest normal float
+
+
+def _p_without(
+    intent: IntentState,
+    config: IntentConfig,
+    at: int,
+    signal: str,
+    *,
+    alpha_plus: tuple[float, float],
+    beta_minus: tuple[float, float],
+) -> float:
+    """p without `signal`'s evidence (`plus` of α, `minus` of β): (α − plus) / (α − plus + β −
+    minus). What is left always holds the prior α0, β0; when α or β is so much larger than
+    it (a tiny priorWeight next to the evidence) that the subtraction's rounding could cancel it
+    away, even to 0/0, α and β are summed again without that signal instead."""
+    (alpha, plus), (beta, minus) = alpha_plus, beta_minus
+    alpha0 = config.prior * config.prior_weight
+    beta0 = (1.0 - config.prior) * config.prior_weight
+    if alpha0 >= alpha * _CANCELLATION and beta0 >= beta * _CANCELLATION:
+        return (alpha - plus) / (alpha - plus + beta - minus)
+    for other in sorted(intent.evidence):
+        if other != signal:
+            other_plus, other_minus = _evidence_at(intent, other, config, at)
+            alpha0 += other_plus
+            beta0 += other_minus
+    return alpha0 / (alpha0 + beta0)
+
+
+_CANCELLATION: Final = 1e-9
+"""α − plus keeps the prior α0 to about (ulp(α)/α0) ≈ 1e-7 while α0 ≥ 1e-9·α."""
 
 
 def _evidence_at(
@@ -262,6 +314,8 @@ def _evidence_at(
 
 
 def _intent_config(state: EngineState, intent: str) -> IntentConfig:
+    if not isinstance(intent, str):  # a list is unhashable: say what is wrong, not that
+        raise UnknownIntentError(intent, tuple(state.config.intents))
     config = state.config.intents.get(intent)
     if config is None:
         raise UnknownIntentError(intent, tuple(state.config.intents))

@@ -116,7 +116,12 @@ def deserialize(
     Raises:
         StateVersionError: the blob was written by a newer engine, or no migration reaches it.
         StateFormatError: the bytes are not a serialized engine state.
+        TypeError: `blob` is not bytes, or `config` not an `EngineConfig`.
     """
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        msg = f"deserialize takes the bytes serialize returned (got {type(blob).__name__})"
+        raise TypeError(msg)
+    _check_config(config)
     try:
         record = unpack(blob)
     except PackingError as exc:
@@ -132,6 +137,7 @@ def state_from_record(
     migrate: Callable[[Record, int], Record] | None = None,
 ) -> EngineState:
     """Build a state from a decoded record (see `deserialize`)."""
+    _check_config(config)
     record = _upgrade(record, migrate)
     try:
         _, stored_config, clock, started_at, last_event_at, intents = record
@@ -146,14 +152,27 @@ def state_from_record(
             {str(name): _intent_from_record(value) for name, value in intents.items()},
             _opt_int(clock),
         )
-    except (TypeError, ValueError, AttributeError, ConfigError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError, ConfigError) as exc:
         msg = f"not a serialized engine state (version {FORMAT_VERSION}): {exc}"
         raise StateFormatError(msg) from exc
     return _fit_to_config(state)
 
 
+def _check_config(config: object) -> None:
+    if config is not None and not isinstance(config, EngineConfig):
+        msg = (
+            "config= takes an EngineConfig (build one with EngineConfig.from_dict) or None "
+            f"(got {type(config).__name__})"
+        )
+        raise TypeError(msg)
+
+
+def _is_version(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is no version 1
+
+
 def _upgrade(record: Any, migrate: Callable[[Record, int], Record] | None) -> Record:
-    if not isinstance(record, list) or not record or not isinstance(record[0], int):
+    if not isinstance(record, list) or not record or not _is_version(record[0]):
         msg = "not a serialized engine state: expected an array that starts with a version"
         raise StateFormatError(msg)
     version = record[0]
@@ -165,6 +184,9 @@ def _upgrade(record: Any, migrate: Callable[[Record, int], Record] | None) -> Re
         raise StateVersionError(msg)
     if version < FORMAT_VERSION and migrate is not None:
         record = migrate(record, version)
+        if not isinstance(record, list) or not record or not _is_version(record[0]):
+            msg = "the migrate hook must return an array that starts with a version"
+            raise StateFormatError(msg)
     while record[0] < FORMAT_VERSION:
         step = MIGRATIONS.get(record[0])
         if step is None:

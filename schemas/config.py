@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,18 +17,30 @@ def load_config(path: str | Path) -> EngineConfig:
     """Read and validate the config at `path` (`.json`, else YAML).
 
     Raises:
-        ConfigError: the file is missing, does not parse, or breaks a rule; every problem is
-            listed with its path, prefixed with the file name.
+        ConfigError: the file is missing, is not UTF-8, does not parse (an integer of more
+            digits than Python converts, nesting deeper than the parser recurses), or breaks a
+            rule; every problem is listed with its path, prefixed with the file name.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError([(str(path), f"cannot read the config file: {exc.strerror}")]) from exc
     try:
+        text = data.decode("utf-8-sig")  # a byte order mark (some editors write one) is dropped
+    except UnicodeDecodeError as exc:
+        msg = (
+            f"not UTF-8 text ({exc.reason} at byte {exc.start}): "
+            "a config file must be saved as UTF-8"
+        )
+        raise ConfigError([(str(path), msg)]) from exc
+    try:
         obj = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError([(str(path), f"not valid {_format(path)}: {exc}")]) from exc
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError([(str(path), f"not valid {_format(path)}: {_reason(exc)}")]) from exc
+    except RecursionError as exc:
+        msg = f"not valid {_format(path)}: its maps and lists nest too deeply to read"
+        raise ConfigError([(str(path), msg)]) from exc
     try:
         return EngineConfig.from_dict(obj)
     except ConfigError as exc:
@@ -45,3 +58,15 @@ def config_schema() -> dict[str, Any]:
 
 def _format(path: Path) -> str:
     return "JSON" if path.suffix == ".json" else "YAML"
+
+
+def _reason(exc: ValueError | yaml.YAMLError) -> str:
+    """What the parser refused. A ValueError that is not a JSONDecodeError comes from a value's
+    own conversion: an integer literal too long for `int` (Python refuses more than 4,300
+    digits) or a YAML date that does not exist (`2024-13-45`); its text has no position."""
+    if isinstance(exc, json.JSONDecodeError | yaml.YAMLError):
+        return str(exc)
+    if "integer string conversion" in str(exc):
+        limit = sys.get_int_max_str_digits()
+        return f"an integer has more than {limit} digits"
+    return f"a value cannot be read: {exc}"

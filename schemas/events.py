@@ -87,7 +87,13 @@ SEGMENT_OTHER_TYPES: Final = frozenset({"identify", "group", "alias"})
 COMMANDS: Final = frozenset({"event", "end", "revealed"})
 
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
-_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_STRING: Final = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+# A JSON text up to the opening quote of a string that is never closed: text outside strings
+# and whole strings as the JSON scanner reads them, then a quote. Possessive: each character
+# is matched one way and never retried, so this takes one pass; and once it fails, every
+# quote outside a string starts a `_JSON_STRING` (one that did not was retried from each later
+# quote by the substitution: quadratic on an unterminated `"\"\"\"...`).
+_UNTERMINATED: Final = re.compile(r'(?:[^"]++|"(?:[^"\\]++|\\.)*+")*+"', re.DOTALL)
 _NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
 _BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
@@ -200,6 +206,8 @@ def _plain_event(raw: bytes) -> Event | None:
         return None
     if type(event_id) is int:
         event_id = str(event_id)  # msgpack's integers are all within the 64-bit limits
+    elif event_id == "":
+        event_id = None  # an empty id is no id (`_optional_string`)
     elif event_id is not None and type(event_id) is not str:
         return None
     return Event(user, at, name=name, id=event_id)
@@ -256,9 +264,14 @@ def _from_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) ->
     if kind in SEGMENT_OTHER_TYPES:
         msg = f"Segment {kind!r} messages carry no event"
         raise IgnoredMessage(msg)
-    field = "userId" if obj.get("userId") else "anonymousId"
+    field = "userId" if obj.get("userId") not in (None, "") else "anonymousId"
     user = obj.get(field)
-    if not isinstance(user, str | int) or isinstance(user, bool) or user == "":
+    if (
+        not isinstance(user, str | int)
+        or isinstance(user, bool)
+        or user == ""
+        or (isinstance(user, int) and not INT_MIN <= user <= INT_MAX)
+    ):
         msg = "a Segment message needs 'userId' or 'anonymousId' (a string)"
         raise DecodeError(msg)
     user = str(user)
@@ -286,7 +299,9 @@ def _string(obj: Mapping[str, Any], field: str) -> str:
 
 
 def _optional_string(obj: Mapping[str, Any], field: str) -> str | None:
-    if obj.get(field) is None:
+    """The field as a string; None when it is missing, null or empty (an empty id is no id:
+    the outputs then count the user's inputs instead, as for a missing one)."""
+    if obj.get(field) in (None, ""):
         return None
     value = obj[field]
     if isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX:
@@ -396,11 +411,13 @@ def _parse_json(raw: bytes) -> tuple[object, bool]:
 
 
 def _check_json_depth(text: str, label: str) -> None:
+    unterminated = _UNTERMINATED.match(text)
+    if unterminated:  # every bracket after its quote is inside the string
+        start = unterminated.end() - 1
+        msg = f"{label}: a string is not terminated (it starts at character {start})"
+        raise DecodeError(msg)
     outside = _JSON_STRING.sub("", text)
     depth = _json_depth(outside)
-    if depth > MAX_DEPTH + 1 and '"' in outside:
-        msg = f"{label}: a string is not terminated"  # its brackets were counted as nesting
-        raise DecodeError(msg)
     if depth > MAX_DEPTH + 1:
         msg = (
             f"the message nests deeper than {MAX_DEPTH} levels "
@@ -511,8 +528,34 @@ def _unpack(raw: bytes, pairs_hook: Callable[[list[tuple[Any, Any]]], object] | 
         raise DecodeError(msg) from exc
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
         detail = str(exc) or type(exc).__name__
+        limit = _MSGPACK_LIMIT.fullmatch(detail)
+        if limit is not None:
+            raise DecodeError(_limit_text(int(limit[1]), limit[2])) from exc
         msg = f"not valid msgpack or JSON: {detail}"
         raise DecodeError(msg) from exc
+
+
+_MSGPACK_LIMIT: Final = re.compile(
+    r"([0-9]{1,20}) exceeds max_(str|bin|array|map|ext)_len\([0-9]+\)"
+)
+"""The unpacker's text for a `max_*_len` it refused (the length its header gives)."""
+
+
+def _limit_text(length: int, kind: str) -> str:
+    """A msgpack length limit's error in the words of the walk's (the unpacker, which refuses
+    it before allocating, does not say where)."""
+    if kind == "array":
+        return f"an array in the message has {length} items; the limit is {MAX_KEYS}"
+    if kind == "map":
+        return f"a map in the message has {length} items; the limit is {MAX_KEYS}"
+    if kind == "str":
+        return (
+            f"a string in the message is {length} bytes of UTF-8, more than {MAX_TEXT} "
+            f"characters can take; the limit is {MAX_TEXT} characters"
+        )
+    if kind == "bin":
+        return f"a binary in the message is {length} bytes; the limit is {MAX_TEXT}"
+    return "a msgpack extension value is in the message: extension types are not accepted"
 
 
 def _reject_ext(code: int, data: bytes) -> object:

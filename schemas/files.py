@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -14,7 +15,6 @@ import msgpack
 
 from engine import Event
 from schemas.events import (
-    MAX_KEYS,
     MAX_MESSAGE_BYTES,
     DecodeError,
     IgnoredMessage,
@@ -104,7 +104,9 @@ def _jsonl(handle: BinaryIO) -> Iterator[Parsed]:
         if not stripped:
             continue
         where = f"line {line_no}"
-        if stripped[:1] != b"{":
+        # A line behind a UTF-8 byte order mark goes to the worker's decoder, which refuses it
+        # as it refuses such a Kafka message: the file's bytes give what the worker gives.
+        if stripped[:1] != b"{" and not stripped.startswith(codecs.BOM_UTF8):
             yield where, stripped, None, _not_an_object(stripped), None
             continue
         try:
@@ -136,17 +138,6 @@ def _not_an_object(line: bytes) -> str:
     if line[0] >= 0x80:
         return f"not JSON text: {rule} (a msgpack file needs --format msgpack or a .msgpack name)"
     return f"not a JSON object: {rule}"
-
-
-_MSGPACK_KINDS: Final = {
-    list: "array",
-    str: "string",
-    bytes: "binary",
-    int: "integer",
-    float: "float",
-    bool: "boolean",
-    type(None): "nil",
-}
 
 
 _CSV_ROLES: Final = (
@@ -304,43 +295,118 @@ def _bad_row(lines: _PhysicalLines, start: int, problem: str) -> Parsed:
     return f"line {start}", first.rstrip("\r\n").encode(), None, error, None
 
 
+_SPLIT_CHUNK: Final = 64 * 1024
+"""Bytes read from a msgpack file at a time."""
+_SPLIT_LIMIT: Final = 256 * MAX_MESSAGE_BYTES
+"""Longest msgpack file message that can be split off (16 MiB; the worker refuses more than
+MAX_MESSAGE_BYTES, and Kafka's default cap is 1 MB): a longer one stops the file."""
+
+
 def _msgpack(handle: BinaryIO) -> Iterator[Parsed]:
-    unpacker = msgpack.Unpacker(
-        handle,
-        raw=False,
-        max_buffer_size=MAX_MESSAGE_BYTES * 16,
-        max_array_len=MAX_KEYS,
-        max_map_len=MAX_KEYS,
-        max_ext_len=0,
-    )
-    index = 0
-    try:
-        for index, obj in enumerate(unpacker):
-            where = f"message {index + 1}"
-            raw = msgpack.packb(obj)
-            if index == 0 and obj in (ord("{"), ord("[")) and not isinstance(obj, bool):
-                # A one-byte integer that is JSON's opening bracket: a JSON file read as msgpack
-                # would give one "message" per byte.
-                problem = (
-                    f"the file starts with {chr(obj)!r}: it is JSON text, not msgpack "
-                    "(read it with --format jsonl or a .jsonl name)"
-                )
-                yield where, raw, None, problem, None
+    """Each message of a msgpack stream, decoded from its own bytes as the worker decodes it.
+
+    The file is only split here: msgpack's unpacker skips over one message at a time (checking
+    its structure, building nothing), and `tell()` gives where it ends. Each message's exact
+    bytes then go to the worker's `decode_message`, so a message the worker refuses is
+    dead-lettered with the worker's reason and costs only itself. Only bytes that cannot be
+    split into messages stop the file, with one error that says where.
+    """
+    splitter = msgpack.Unpacker(max_buffer_size=_SPLIT_LIMIT)
+    buffer = bytearray()  # the file's bytes from offset `base` on
+    base = start = 0  # `start`: where the next message begins
+    number = 1
+    ended = False
+    while True:
+        try:
+            splitter.skip()
+        except msgpack.OutOfData:
+            if ended:
+                break
+            chunk = handle.read(_SPLIT_CHUNK)
+            ended = not chunk
+            del buffer[: start - base]
+            base = start
+            buffer += chunk
+            try:
+                splitter.feed(chunk)
+            except msgpack.BufferFull:
+                yield _unsplittable(number, start, bytes(buffer), msgpack.BufferFull())
                 return
-            if not isinstance(obj, dict):
-                kind = _MSGPACK_KINDS.get(type(obj), type(obj).__name__)
-                yield (
-                    where,
-                    raw,
-                    None,
-                    f"a msgpack {kind}, not a map: each message must be a map",
-                    None,
-                )
-            else:
-                yield where, raw, obj, None, None
-    except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
-        where = f"after message {index + 1}"
-        yield where, b"", None, f"the msgpack stream is corrupt from here on: {exc}", None
+            continue
+        except (ValueError, msgpack.UnpackException) as exc:  # FormatError, StackError
+            yield _unsplittable(number, start, bytes(buffer[start - base :]), exc)
+            return
+        end = splitter.tell()
+        raw = bytes(buffer[start - base : end - base])
+        if number == 1 and raw in (b"{", b"["):
+            # A one-byte integer that is JSON's opening bracket: a JSON file read as msgpack
+            # would give one "message" per byte.
+            problem = (
+                f"the file starts with {raw.decode()!r}: it is JSON text, not msgpack "
+                "(read it with --format jsonl or a .jsonl name)"
+            )
+            yield "message 1", raw, None, problem, None
+            return
+        yield _msgpack_message(f"message {number}", raw)
+        number += 1
+        start = end
+    if start < base + len(buffer):
+        rest = bytes(buffer[start - base :])
+        problem = (
+            f"the file ends inside message {number} (byte offset {start}; {len(rest)} bytes "
+            "of it): the file is cut short"
+        )
+        yield f"message {number}", rest, None, problem, None
+
+
+def _msgpack_message(where: str, raw: bytes) -> Parsed:
+    """One message of a msgpack file, decoded by the worker's `decode_message`."""
+    first = raw[0]
+    kind = "map" if 0x80 <= first <= 0x8F else _msgpack_kind(first)  # a fixmap: the usual
+    if kind != "map" and len(raw) <= MAX_MESSAGE_BYTES:
+        # The worker refuses every message that is not a map; this says so in msgpack's terms.
+        return where, raw, None, f"a msgpack {kind}, not a map: each message must be a map", None
+    try:
+        return where, raw, decode_message(raw), None, None
+    except DecodeError as exc:
+        return where, raw, None, str(exc), None
+
+
+def _msgpack_kind(first: int) -> str:
+    """What a msgpack value is, from its first byte."""
+    for kind, ranges in _MSGPACK_FIRST_BYTES:
+        if any(low <= first <= high for low, high in ranges):
+            return kind
+    return "extension"  # 0xc7-0xc9, 0xd4-0xd8 (0xc1 never splits off)
+
+
+_MSGPACK_FIRST_BYTES: Final = (
+    ("map", ((0x80, 0x8F), (0xDE, 0xDF))),
+    ("array", ((0x90, 0x9F), (0xDC, 0xDD))),
+    ("string", ((0xA0, 0xBF), (0xD9, 0xDB))),
+    ("integer", ((0x00, 0x7F), (0xE0, 0xFF), (0xCC, 0xD3))),
+    ("binary", ((0xC4, 0xC6),)),
+    ("float", ((0xCA, 0xCB),)),
+    ("boolean", ((0xC2, 0xC3),)),
+    ("nil", ((0xC0, 0xC0),)),
+)
+
+
+def _unsplittable(number: int, start: int, rest: bytes, exc: Exception) -> Parsed:
+    """The one error of a msgpack file whose bytes from `start` on cannot be split."""
+    if isinstance(exc, msgpack.FormatError):
+        reason = "a type byte 0xc1, which msgpack does not use"
+    elif isinstance(exc, msgpack.StackError):
+        reason = "it nests too deep to find where it ends"
+    elif isinstance(exc, msgpack.BufferFull):
+        reason = f"it is longer than {_SPLIT_LIMIT} bytes, too long to find where it ends"
+    else:
+        reason = str(exc) or type(exc).__name__
+    problem = (
+        f"the msgpack stream is corrupt at message {number} (byte offset {start}): {reason}; "
+        "the rest of the file cannot be split into messages"
+    )
+    return f"message {number}", rest[:MAX_MESSAGE_BYTES], None, problem, None
 
 
 def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:

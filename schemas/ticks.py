@@ -9,7 +9,8 @@ A worker that was frozen while writing its changelog (`streams/fencing.py`) send
 stale one. The partition's owner writes those users' current states again.
 
 Anything else in the topic (a record some other tool wrote) reads as a tick without a time
-(the worker uses its own clock) and without users.
+(the worker uses its own clock) and without users; so does a `sent_at` that is not an integer
+of epoch milliseconds from 1970 to the end of year 9999 (the engine's time range).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgpack
+
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ def decode_tick(value: bytes | None) -> Tick:
         return Tick()
     if not isinstance(decoded, list) or not decoded:
         return Tick()
-    sent_at = decoded[0] if isinstance(decoded[0], int) else None
+    sent_at = decoded[0] if _is_time(decoded[0]) else None
     keys = decoded[1] if len(decoded) > 1 and isinstance(decoded[1], list) else []
     return Tick(sent_at, [key for key in keys if isinstance(key, bytes)])
+
+
+def _is_time(value: object) -> bool:
+    """Epoch ms the engine can hold: an int (not a bool) from MIN_TIME_MS to MAX_TIME_MS."""
+    return type(value) is int and MIN_TIME_MS <= value <= MAX_TIME_MS

@@ -56,7 +56,10 @@ INVALID_CONFIGS = [
     (_with_intent(z=10**400), "intents.upgrade.z: must be a finite number (got 10000000000"),
     (_with_intent(priorWeight=1e7), "intents.upgrade.priorWeight: must be <= 1e+06 (got 1"),
     ({**BASE, "learning": {"gain": 2e6}}, "learning.gain: must be <= 1e+06 (got 2000000.0)"),
-    ({**BASE, "learning": {"priorEpisodes": 1e9}}, "learning.priorEpisodes: must be <= 1e+06"),
+    (
+        {**BASE, "learning": {"priorEpisodes": 10**400}},
+        "learning.priorEpisodes: must be a finite number (got 1000",
+    ),
     ({**BASE, "episodeTimeout": 10**400}, "episodeTimeout: must be at most 253402300799999 ms"),
     ({**BASE, "episodeTimeout": -(10**400)}, "episodeTimeout: must not be negative (got -1000"),
     (_with_intent(prior=1), "intents.upgrade.prior: must be < 1 (got 1)"),
@@ -208,3 +211,124 @@ def test_a_duration_beyond_8000_years_is_refused_as_text_too(key):
     with pytest.raises(ConfigError, match=r"must be at most 253402300799999 ms"):
         EngineConfig.from_dict(_with_duration(key, "100000000000d"))
     EngineConfig.from_dict(_with_duration(key, "2932896d"))  # 2,932,896 days: just within
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("2.3d", 198_720_000),
+        ("1.001s", 1001),
+        ("1.005s", 1005),
+        ("1.15h", 4_140_000),
+        ("0.0001m", 6),
+        ("0.00001h", 36),
+        ("0.00001d", 864),
+        ("0.00001w", 6048),
+        ("1.10000w", 665_280_000),
+    ],
+)
+def test_a_decimal_duration_is_exact(text, ms):
+    """The number is read as a decimal, not a float: float('1.001') * 1000 is not 1001."""
+    assert parse_duration(text) == ms
+
+
+def test_every_millisecond_as_seconds_is_accepted():
+    """Each of 0.000s .. 2.999s is its whole number of milliseconds (945 of them failed with
+    float arithmetic)."""
+    for ms in range(3000):
+        assert parse_duration(f"{ms // 1000}.{ms % 1000:03d}s") == ms
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1.5ms", "no decimal places with ms (got '1.5ms')"),
+        ("1.0ms", "no decimal places with ms"),
+        ("1.0001s", "at most 3 decimal places with s (got '1.0001s')"),
+        ("0.00001m", "at most 4 decimal places with m"),
+        ("1.000001h", "at most 5 decimal places with h"),
+        ("1.000001d", "at most 5 decimal places with d"),
+        ("1.000001w", "at most 5 decimal places with w"),
+    ],
+)
+def test_a_duration_with_too_many_decimal_places_is_refused(text, message):
+    """A string duration has at most the decimal places that keep every value whole ms."""
+    with pytest.raises(ValueError, match=r"must be a whole number of milliseconds: ") as info:
+        parse_duration(text)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "where", "message"),
+    [
+        (
+            {"priorWeight": 1e-323, "prior": 0.01},
+            "priorWeight",
+            "too small: prior·priorWeight must be a positive float",
+        ),
+        (
+            {"priorWeight": 5e-324},
+            "priorWeight",
+            "too small: prior·priorWeight must be a positive float",
+        ),
+        (
+            {"priorWeight": 1e-310, "prior": 0.9999999999999999},
+            "priorWeight",
+            "too small: (1 − prior)·priorWeight must be a positive float",
+        ),
+    ],
+)
+def test_a_prior_weight_whose_prior_underflows_is_refused(fields, where, message):
+    """α0 = prior·priorWeight and β0 = (1 − prior)·priorWeight must not be 0 as floats. (The
+    JSON Schema cannot state a product: a validator-only rule.)"""
+    with pytest.raises(ConfigError) as caught:
+        EngineConfig.from_dict(_with_intent(**fields))
+    assert len(caught.value.problems) == 1
+    path, text = caught.value.problems[0]
+    assert path == f"intents.upgrade.{where}"
+    assert text.startswith(message)
+
+
+@pytest.mark.parametrize("weight", [1e-200, 1e-320])
+def test_a_tiny_prior_weight_whose_prior_stays_positive_is_valid(weight):
+    """SPEC §2: only priorWeight ≤ 0 is invalid; tiny ones predict (tests/engine/test_predict)."""
+    config = EngineConfig.from_dict(_with_intent(priorWeight=weight, prior=0.5))
+    assert config.intents["upgrade"].prior_weight == weight
+
+
+@pytest.mark.parametrize("k", [1e6 + 1, 1e9, 1e100, 1e308, 1.7976931348623157e308])
+def test_any_positive_prior_episodes_is_valid(k):
+    """SPEC §2: 'any positive real is valid'; it was capped at 1e6."""
+    config = EngineConfig.from_dict({**BASE, "learning": {"priorEpisodes": k}})
+    assert config.learning.prior_episodes == k
+    assert EngineConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "name"),
+    [
+        ({"intents": {"u": {"signals": {"a\ud800": 1}}}}, "intents.u.signals", "'a\\ud800'"),
+        ({"intents": {"u\udfff": {"signals": {"a": 1}}}}, "intents", "'u\\udfff'"),
+        (
+            {"intents": {"u": {"signals": {"a": 1}, "outcome": "\ud800o"}}},
+            "intents.u.outcome",
+            "'\\ud800o'",
+        ),
+    ],
+)
+def test_a_name_that_is_not_unicode_text_is_refused(obj, path, name):
+    """A lone surrogate (json.loads makes one of "\\ud800") was accepted, and then serialize
+    raised UnicodeEncodeError: refused, with one message that prints in UTF-8."""
+    with pytest.raises(ConfigError) as caught:
+        EngineConfig.from_dict(obj)
+    assert caught.value.problems == (
+        (path, f"name {name} is not valid Unicode text (it holds a lone surrogate)"),
+    )
+    str(caught.value).encode("utf-8")
+
+
+def test_an_unknown_key_that_is_not_unicode_text_prints():
+    with pytest.raises(ConfigError) as caught:
+        EngineConfig.from_dict({"intents": {"u": {"signals": {}, "x\ud800": 1}}})
+    assert [path for path, _ in caught.value.problems] == ["intents.u.'x\\ud800'"]
+    str(caught.value).encode("utf-8")

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from engine import (
+    EngineConfig,
+    create_state,
+    deserialize,
+    end_episode,
+    explain,
+    observe,
+    predict,
+    serialize,
+)
 from engine.learning import add_counts, decay_factor
+from engine.lift import LIFT_MEASURES, blend
 from engine.state import SignalRecord
 
 DAY = 86_400_000
@@ -27,3 +40,40 @@ def test_counts_are_added_valued_at_the_later_moment(half_life, offset):
     assert added.at == max(at, record.at)
     if half_life is None or offset == 0:
         assert (added.hits, added.misses) == (2.5, 2.75)
+
+
+@pytest.mark.parametrize("k", [1e6 + 1, 1e200, 1e302, 1e308, 1.7976931348623157e308])
+@pytest.mark.parametrize("lift", sorted(LIFT_MEASURES))
+def test_a_huge_prior_episodes_keeps_every_weight_finite(k, lift):
+    """priorEpisodes has no maximum (SPEC §2): k·w0 overflows for k near 1e308 and w0 = 1e6,
+    which made the effective weight inf (and p NaN); the blend is then divided through by k."""
+    cfg = EngineConfig.from_dict(
+        {
+            "episodeTimeout": "30m",
+            "learning": {"priorEpisodes": k, "gain": 1e6, "lift": lift},
+            "intents": {"u": {"signals": {"a": 1e6, "b": -1e6, "c": 1}, "outcome": "o"}},
+        }
+    )
+    state = create_state(cfg)
+    at = DAY
+    for events in (["a", "o"], ["b"], ["a", "b", "c"], ["c", "o"], ["a"], ["b", "o"]) * 3:
+        for name in events:
+            state = observe(state, name, at)
+            at += 1
+        state = end_episode(state, at)
+        at += 1
+    explanation = explain(state, "u", at)
+    for name, signal in explanation.signals.items():
+        assert math.isfinite(signal.effective), name
+        if k >= 1e200:  # the contrast of a few episodes weighs nothing against k
+            assert signal.effective == pytest.approx(signal.initial, rel=1e-6)
+    prediction = predict(state, "u", at)
+    assert all(math.isfinite(x) for x in (prediction.p, prediction.sd, prediction.lower))
+    assert deserialize(serialize(state)) == state
+
+
+def test_the_blend_is_unchanged_where_it_does_not_overflow():
+    """Bit for bit the documented (k·w0 + nEff·learned) / (k + nEff) while that is finite."""
+    for k in (0.5, 10.0, 1e6, 1e300):
+        assert blend(3.0, 5.5, 2.5, k) == (k * 3.0 + 2.5 * 5.5) / (k + 2.5)
+    assert blend(1e6, 2e12, 4.0, 1e308) == pytest.approx(1e6, rel=1e-12)

@@ -210,3 +210,57 @@ def test_an_event_name_that_is_not_a_non_empty_string_is_refused(name):
     state = create_state(config({"upgrade": QUICKSTART}))
     with pytest.raises(InvalidEventError, match="an event name must be a non-empty string"):
         observe(state, name, T0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weight", [1e-200, 1e-300, 1e-320])
+def test_a_tiny_prior_weight_predicts_and_explains(weight):
+    """sd = sqrt(αβ / ((α+β)²(α+β+1))) underflowed to 0/0 (ZeroDivisionError) for
+    priorWeight 1e-200; it is computed as p(1 − p)/(α+β+1) when the products underflow, and
+    explain's 'p without this signal' no longer cancels the prior away."""
+    cfg = config({"u": {"signals": {"a": 1, "b": -1}, "outcome": "o", "priorWeight": weight}})
+    state = create_state(cfg)
+    fresh = predict(state, "u", T0)
+    rel = 1e-9 if weight > 1e-300 else 1e-2  # 1e-320 is subnormal: a few digits only
+    assert fresh.p == pytest.approx(0.15, rel=rel)
+    assert fresh.sd == pytest.approx(math.sqrt(0.15 * 0.85), rel=rel)
+    state = observe(observe(state, "a", T0), "b", T0 + 1)
+    prediction = predict(state, "u", T0 + 2)
+    assert prediction.p == pytest.approx(0.5)
+    assert prediction.sd == pytest.approx(math.sqrt(0.25 / 3))
+    explanation = explain(state, "u", T0 + 2)
+    assert explanation.p == pytest.approx(0.5)
+    # without a: (α0) / (α0 + β0 + 1) ≈ 0; without b: (α0 + 1) / (α0 + 1 + β0) ≈ 1
+    assert explanation.signals["a"].impact == pytest.approx(0.5)
+    assert explanation.signals["b"].impact == pytest.approx(-0.5)
+
+
+def test_sd_keeps_the_documented_formula_bit_for_bit_where_it_does_not_underflow():
+    """The pinned results were computed with sqrt(αβ / ((α+β)²(α+β+1))): it stays in use."""
+    cfg = config({"u": {**QUICKSTART, "priorWeight": 1e-100}, "v": QUICKSTART})
+    state = observe(observe(create_state(cfg), "pricing.viewed", T0), "limit.hit", T0 + MINUTE)
+    for name in ("u", "v"):
+        p = predict(state, name, T0 + MINUTE)
+        total = p.alpha + p.beta
+        assert p.sd == math.sqrt(p.alpha * p.beta / (total * total * (total + 1.0)))
+
+
+def test_an_intent_that_is_not_a_string_is_an_unknown_intent():
+    """predict(state, ['u'], t) said 'unhashable type: list'."""
+    state = create_state(config({"u": QUICKSTART}))
+    for call in (predict, explain, should_reveal, mark_revealed):
+        with pytest.raises(UnknownIntentError, match=r"unknown intent \['u'\]"):
+            call(state, ["u"], T0)
+    with pytest.raises(UnknownIntentError):
+        predict_many(state, T0, [["u"]])
+
+
+def test_an_event_name_that_is_not_unicode_text_is_an_unknown_name_and_serializes():
+    """A lone surrogate (json.loads makes one of "\\ud800") cannot be declared, so such an event
+    only opens or extends the episode; serialize never sees the name."""
+    cfg = config({"u": QUICKSTART}, episodeTimeout="30m")
+    state = observe(create_state(cfg), "pricing.viewed", T0)
+    after = observe(state, "pricing.viewed\ud800", T0 + MINUTE)
+    assert after.intents == state.intents
+    assert after.episode.last_event_at == T0 + MINUTE
+    assert deserialize(serialize(after)) == after
+    assert deserialize(serialize(after, include_config=False), config=cfg) == after

@@ -20,6 +20,7 @@ ALLOWED_STDLIB = frozenset(
         "collections",
         "collections.abc",
         "dataclasses",
+        "decimal",  # exact decimal arithmetic: duration strings such as 1.001s (durations.py)
         "enum",
         "functools",
         "heapq",

@@ -229,3 +229,64 @@ def test_unpack_rejects_trailing_bytes_and_absurd_lengths():
         unpack(pack(1) + b"\x00")
     with pytest.raises(PackingError, match="truncated"):
         unpack(b"\xdd\xff\xff\xff\xff")  # an array of 4 billion items in 5 bytes
+
+
+def test_deeply_nested_bytes_fail_fast_with_a_state_format_error():
+    """100,000 nested one-item arrays raised RecursionError; the unpacker stops at MAX_DEPTH
+    (a state nests 6 deep), before recursing any further."""
+    with pytest.raises(StateFormatError, match="nested deeper than 32 levels"):
+        deserialize(b"\x91" * 100_000 + b"\xc0")
+    with pytest.raises(StateFormatError, match="nested deeper than 32 levels"):
+        deserialize(b"\x81\x00" * 50_000 + b"\xc0")
+    nested: object = None
+    for _ in range(32):
+        nested = [nested]
+    assert unpack(pack(nested)) == nested  # 32 levels still read
+    with pytest.raises(PackingError, match="nested deeper"):
+        unpack(pack([nested]))
+
+
+def test_max_depth_leaves_room_for_every_state():
+    """The deepest record (held episodes with signals, the config embedded) reads back."""
+    cfg = config({"u": {**QUICKSTART, "attribution": "14d"}}, episodeTimeout="30m")
+    state = session(create_state(cfg), MONDAY_10, ["pricing.viewed", "limit.hit"])
+    assert state.intents["u"].pending
+    assert deserialize(serialize(state)) == state
+
+
+@pytest.mark.parametrize("blob", ["\x91\xc0", [1], None, 5])
+def test_deserialize_of_something_that_is_not_bytes_is_a_type_error(blob):
+    with pytest.raises(TypeError, match="deserialize takes the bytes serialize returned"):
+        deserialize(blob)
+
+
+def test_deserialize_with_a_config_that_is_not_an_engine_config_is_a_type_error():
+    blob = serialize(create_state(CFG), include_config=False)
+    with pytest.raises(TypeError, match=r"config= takes an EngineConfig .* \(got dict\)"):
+        deserialize(blob, config=CFG.to_dict())
+    assert deserialize(bytearray(blob), config=CFG) == create_state(CFG)
+
+
+@pytest.mark.parametrize("version", [True, False, 1.0, "1", None])
+def test_a_version_that_is_not_an_int_is_a_state_format_error(version):
+    """True == 1 in Python, but it is no format version."""
+    record = state_to_record(create_state(CFG))
+    record[0] = version
+    with pytest.raises(StateFormatError, match="starts with a version"):
+        deserialize(pack(record))
+
+
+def test_an_infinite_time_in_a_record_is_a_state_format_error():
+    """int(inf) raised OverflowError through deserialize."""
+    state = session(create_state(CFG), MONDAY_10, ["pricing.viewed"], end=False)
+    record = state_to_record(state)
+    record[2] = float("inf")
+    with pytest.raises(StateFormatError):
+        deserialize(pack(record))
+
+
+def test_a_migrate_hook_that_returns_no_record_is_a_state_format_error():
+    record = state_to_record(create_state(CFG))
+    record[0] = 0
+    with pytest.raises(StateFormatError, match="migrate hook"):
+        deserialize(pack(record), migrate=lambda rec, version: None)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from datetime import datetime
 
 import msgpack
@@ -249,8 +250,23 @@ BAD_INPUTS = [
         _pack(_with(properties={"blob": b"\x00" * (MAX_TEXT + 1)})),
         None,
         DecodeError,
-        f"exceeds max_bin_len({MAX_TEXT})",
+        f"a binary in the message is {MAX_TEXT + 1} bytes; the limit is {MAX_TEXT}",
         id="msgpack-long-binary",
+    ),
+    pytest.param(
+        _pack(_with(properties={"text": "é" * (2 * MAX_TEXT + 1)})),
+        None,
+        DecodeError,
+        f"a string in the message is {4 * MAX_TEXT + 2} bytes of UTF-8, more than {MAX_TEXT} "
+        f"characters can take; the limit is {MAX_TEXT} characters",
+        id="msgpack-string-over-the-byte-bound",  # refused by the unpacker, before allocating
+    ),
+    pytest.param(
+        _pack(_with(properties=msgpack.ExtType(5, b"x" * 100))),
+        None,
+        DecodeError,
+        "a msgpack extension value is in the message: extension types are not accepted",
+        id="msgpack-long-extension",
     ),
     # --- nesting and sizes ---
     pytest.param(
@@ -285,21 +301,21 @@ BAD_INPUTS = [
         _pack(_with(properties={"list": list(range(10_000))})),
         None,
         DecodeError,
-        f"10000 exceeds max_array_len({MAX_KEYS})",
+        f"an array in the message has 10000 items; the limit is {MAX_KEYS}",
         id="msgpack-huge-array",
     ),
     pytest.param(
         b"\x81\xa1p\xdd\xff\xff\xff\xff",
         None,
         DecodeError,
-        f"4294967295 exceeds max_array_len({MAX_KEYS})",
+        f"an array in the message has 4294967295 items; the limit is {MAX_KEYS}",
         id="msgpack-array-header-claims-4g-items",  # refused before allocating
     ),
     pytest.param(
         b"\xdf\xff\xff\xff\xff",
         None,
         DecodeError,
-        f"4294967295 exceeds max_map_len({MAX_KEYS})",
+        f"a map in the message has 4294967295 items; the limit is {MAX_KEYS}",
         id="msgpack-map-header-claims-4g-pairs",
     ),
     pytest.param(
@@ -644,6 +660,71 @@ def test_json_may_start_with_whitespace():
     assert decode_event(b"\r\n\t " + _json(BASE)) == Event("u1", TS, name="pricing.viewed")
 
 
+# --- the JSON nesting pre-scan ----------------------------------------------------------------
+
+
+def _reference_scan(text: str) -> tuple[int | None, int]:
+    """(where an unterminated string starts, or None; the deepest nesting outside strings):
+    the JSON scanner's reading of strings, one character at a time."""
+    depth = deepest = 0
+    in_string = escaped = False
+    start = 0
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string, start = True, index
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return (start if in_string else None), deepest
+
+
+@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet='"\\[]{}a\n', max_size=80))
+def test_the_nesting_pre_scan_reads_strings_as_the_json_scanner_does(body):
+    """Brackets inside strings are not nesting; an unterminated string is named as such."""
+    from schemas.events import _check_json_depth
+
+    text = "{" * (MAX_DEPTH + 2) + body
+    unterminated, deepest = _reference_scan(text)
+    try:
+        _check_json_depth(text, "not valid JSON")
+    except DecodeError as exc:
+        if unterminated is not None:
+            assert str(exc) == (
+                f"not valid JSON: a string is not terminated (it starts at character "
+                f"{unterminated})"
+            )
+        else:
+            assert f"({deepest - 1} maps/arrays inside the top-level object)" in str(exc)
+    else:
+        assert unterminated is None and deepest <= MAX_DEPTH + 1
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b'\\"', b"\\", b'"', b'\\\\"', b'"",', b"[]"],
+    ids=["escaped-quotes", "backslashes", "quotes", "escaped-backslash-quote", "strings", "[]"],
+)
+def test_the_nesting_pre_scan_takes_one_pass(tail):
+    """A 64 KiB message of one repeated pattern is refused in milliseconds (the regex that
+    removed strings was retried from every quote of an unterminated one: 25 s at 64 KiB)."""
+    raw = b"{" * 20 + b'"'
+    raw += tail * ((MAX_MESSAGE_BYTES - len(raw)) // len(tail))
+    start = time.perf_counter()
+    with pytest.raises(DecodeError):
+        decode_event(raw)
+    assert time.perf_counter() - start < 0.25
+
+
 # --- properties ----------------------------------------------------------------------------
 
 
@@ -981,3 +1062,23 @@ def test_random_stored_bytes_raise_only_engine_errors(raw):
             read(raw)
         except EngineError as exc:
             assert str(exc)
+
+
+@pytest.mark.parametrize(
+    ("value", "sent_at"),
+    [
+        ([0], 0),
+        ([MAX_TS], MAX_TS),
+        ([TS, [b"k"]], TS),
+        ([MAX_TS + 1], None),
+        ([-1], None),
+        ([2**64 - 1], None),
+        ([False], None),
+        ([float(TS)], None),
+    ],
+)
+def test_a_tick_time_is_epoch_milliseconds_in_the_engines_range_or_none(value, sent_at):
+    """A tick's `sent_at` becomes the timer's wall clock: only a time the engine can hold."""
+    from schemas.ticks import decode_tick
+
+    assert decode_tick(msgpack.packb(value)).sent_at == sent_at

@@ -64,6 +64,19 @@ def _nested(depth):
             {"user": "u1", "name": "x", "ts": TS, "extra": {"producers": "may add fields"}},
             Event("u1", TS, name="x"),
         ),
+        (
+            {"type": "track", "userId": 0, "anonymousId": "a1", "event": "x", "timestamp": TS},
+            Event("0", TS, name="x"),
+        ),  # an integer user id of 0 is a user id (not a missing one)
+        (
+            {"type": "track", "userId": "", "anonymousId": "a1", "event": "x", "timestamp": TS},
+            Event("a1", TS, name="x"),
+        ),  # an empty userId is none: anonymousId
+        ({"user": "u1", "name": "x", "ts": TS, "id": ""}, Event("u1", TS, name="x")),
+        (
+            {"type": "track", "userId": "u9", "event": "x", "timestamp": TS, "messageId": ""},
+            Event("u9", TS, name="x"),
+        ),  # an empty id is no id: the outputs count inputs instead (docs/messages.md)
     ],
 )
 @pytest.mark.parametrize("encode", [msgpack.packb, lambda m: json.dumps(m).encode()])
@@ -125,7 +138,7 @@ def test_missing_ts_falls_back_to_the_record_timestamp():
         (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", f"the limit is {MAX_MESSAGE_BYTES}"),
         (
             msgpack.packb({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}),
-            "not valid msgpack",
+            "an array in the message has 300 items; the limit is 256",
         ),
         (
             json.dumps({"user": "u", "name": "x", "ts": TS, "p": list(range(300))}).encode(),
@@ -162,6 +175,7 @@ def test_other_segment_types_are_ignored_not_dead_lettered():
         ({"user": "u", "type": ["end"], "ts": TS}, "field 'type' must be one of"),
         ({"type": "track", "userId": "a\udfff", "event": "x"}, "field 'userId' is a string with"),
         ({"user": "u", "name": "x", "ts": TS, "id": 2**70}, "field 'id' must be a string"),
+        ({"type": "track", "userId": 10**5000, "event": "x"}, "needs 'userId' or 'anonymousId'"),
     ],
 )
 def test_event_from_message_checks_mappings_it_did_not_parse(message, fragment):

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from schemas.events import DecodeError, decode_event
 from schemas.files import CsvColumns, EventFileError, read_lines, read_sorted_events
 
 TS = 1_767_261_600_000
@@ -185,4 +186,100 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column_name():
     """Spreadsheet exports start with one; `user_id` is still found."""
     data = f"\ufeff{HEADER}\nu1,a,{TS}\n".encode()
     lines = list(read_lines(io.BytesIO(data), "csv", SHOP))
+    assert _users(lines) == ["u1"]
+
+
+# --- msgpack files: split into messages, each decoded as the worker decodes it ---------------
+
+GOOD = {"user": "u1", "name": "a", "ts": TS}
+PACKED = msgpack.packb(GOOD)
+
+
+def _msgpack_lines(data: bytes):
+    return list(read_lines(io.BytesIO(data), "msgpack"))
+
+
+def _worker_error(raw: bytes) -> str:
+    with pytest.raises(DecodeError) as caught:
+        decode_event(raw)
+    return str(caught.value)
+
+
+def test_a_msgpack_message_the_worker_refuses_costs_only_itself_with_the_workers_reason():
+    """Each message's own bytes go to the worker's decoder: same verdict, same reason."""
+    bad = [
+        msgpack.packb({**GOOD, "p": float("nan")}),
+        b"\x83\xa4user\xa2u1\xa4name\xa1a\xa4user\xa2u2",  # a duplicate key
+        msgpack.packb({**GOOD, "p": msgpack.ExtType(5, b"abc")}),
+        msgpack.packb({**GOOD, "p": {1: 2}}),
+        msgpack.packb({**GOOD, "p": "a" * 9000}),
+        msgpack.packb({**GOOD, "p": ["a" * 8000] * 10}),  # 80 KB
+        msgpack.packb({**GOOD, "p": msgpack.Timestamp(1)}, datetime=False),
+        msgpack.packb({"user": b"\xff", "name": "a", "ts": TS}, use_bin_type=False),  # not UTF-8
+    ]
+    messages = [PACKED]
+    for raw in bad:
+        messages += [raw, PACKED]
+    lines = _msgpack_lines(b"".join(messages))
+    assert [line.raw for line in lines] == messages  # each message's exact bytes
+    assert [line.where for line in lines] == [f"message {n}" for n in range(1, len(lines) + 1)]
+    assert _errors(lines) == [
+        f"message {2 * n + 2}: {_worker_error(raw)}" for n, raw in enumerate(bad)
+    ]
+    assert _users(lines) == ["u1"] * (len(bad) + 1)
+
+
+def test_messages_are_split_across_the_reads_of_a_large_file():
+    """Messages that straddle the reader's 64 KiB reads keep their exact bytes."""
+    big = msgpack.packb({**GOOD, "p": ["a" * 8000] * 7})  # 56 KB: accepted
+    messages = [PACKED, big] * 40 + [msgpack.packb({**GOOD, "user": f"u{n}"}) for n in range(5000)]
+    lines = _msgpack_lines(b"".join(messages))
+    assert [line.raw for line in lines] == messages
+    assert _errors(lines) == []
+
+
+def test_a_msgpack_file_cut_inside_its_last_message_says_so():
+    lines = _msgpack_lines(PACKED + PACKED[:-3])
+    assert _users(lines) == ["u1"]
+    assert _errors(lines) == [
+        f"message 2: the file ends inside message 2 (byte offset {len(PACKED)}; "
+        f"{len(PACKED) - 3} bytes of it): the file is cut short"
+    ]
+    assert lines[1].raw == PACKED[:-3]
+
+
+@pytest.mark.parametrize(("before", "number"), [(b"", 1), (PACKED * 2, 3)])
+def test_msgpack_bytes_that_cannot_be_split_stop_the_file_at_their_message(before, number):
+    lines = _msgpack_lines(before + b"\x81\xa1k\xc1" + PACKED)
+    assert _users(lines) == ["u1"] * (number - 1)
+    assert _errors(lines) == [
+        f"message {number}: the msgpack stream is corrupt at message {number} (byte offset "
+        f"{len(before)}): a type byte 0xc1, which msgpack does not use; the rest of the file "
+        "cannot be split into messages"
+    ]
+
+
+def test_replay_dead_letters_a_refused_msgpack_file_message_with_its_bytes():
+    """The rows reach the replay's DLQ output as the worker's dead letters do."""
+    from schemas.config import load_config
+    from streams.offline import OfflineRun
+
+    bad = msgpack.packb({**GOOD, "p": float("nan")})
+    run = OfflineRun(load_config(Path(__file__).parents[2] / "examples" / "oracular.yaml"))
+    outputs = []
+    for line in _msgpack_lines(PACKED + bad + PACKED):
+        outputs += run.feed_line(line)
+    [dead] = [out.message for out in outputs if out.role == "dlq"]
+    assert dead["error"] == f"message 2: {_worker_error(bad)}"
+    assert (dead["value"], dead["offset"]) == (bad, 1)
+    assert run.counts["applied"] == 2
+
+
+def test_a_json_line_behind_a_byte_order_mark_is_refused_as_the_worker_refuses_it():
+    """The same bytes sent as a Kafka message are dead-lettered by the worker, so replay does
+    the same (not `a JSON value, not an object`); the other lines are read as usual."""
+    first = b"\xef\xbb\xbf" + json.dumps(GOOD).encode()
+    lines = list(read_lines(io.BytesIO(first + b"\n" + json.dumps(GOOD).encode()), "jsonl"))
+    assert _errors(lines) == [f"line 1: {_worker_error(first)}"]
+    assert "byte order mark" in _errors(lines)[0]
     assert _users(lines) == ["u1"]

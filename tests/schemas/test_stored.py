@@ -6,10 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 
-from engine import EngineConfig, create_state, observe, state_to_record
-from schemas.stored import STORED_VERSION, StoredUser, decode_stored, encode_stored
+from engine import EngineConfig, StateFormatError, create_state, observe, state_to_record
+from engine.durations import MAX_TIME_MS
+from schemas.stored import (
+    STORED_VERSION,
+    StoredUser,
+    decode_stored,
+    encode_stored,
+    stored_index,
+    stored_version,
+)
 from tests.engine.strategies import T0, Case, apply, cases
 
 
@@ -77,3 +86,109 @@ def test_many_intents_take_a_map16_header_and_unchanged_intents_are_not_repacked
     assert changed.packed is not None
     repacked = [name for name, part in changed.packed.items() if part is not parts[name]]
     assert repacked == ["intent-07"]
+
+
+# --- impossible numbers ---------------------------------------------------------------------
+
+_CONFIG = EngineConfig.from_dict(
+    {"intents": {"upgrade": {"signals": {"pricing.viewed": 3}, "outcome": "upgraded"}}}
+)
+
+
+def _value() -> list[Any]:
+    """A real stored value (msgpack-decoded) with an open episode, evidence and counts."""
+    state = observe(create_state(_CONFIG), "pricing.viewed", T0)
+    user = StoredUser(state, 0, 5, 1, 0, T0, None, 3)
+    value: list[Any] = msgpack.unpackb(encode_stored(user))
+    return value
+
+
+def _set(*path: Any) -> Any:
+    """A corruption: set the value at `path` (the last item is the new value)."""
+    *where, last, new = path
+
+    def corrupt(value: list[Any]) -> None:
+        for step in where:
+            value = value[step]
+        value[last] = new
+
+    return corrupt
+
+
+_INTENT = (4, 5, "upgrade")
+_HEADER_CORRUPTIONS = {
+    "partition -1": _set(1, -1),
+    "partition 2**31": _set(1, 2**31),
+    "partition True": _set(1, True),
+    "last offset -2": _set(2, -2),
+    "open since -1": _set(3, -1),
+    "open since past MAX_TIME_MS": _set(3, MAX_TIME_MS + 1),
+    "inputs -1": _set(5, -1),
+    "episodes -1": _set(6, -1),
+    "clock 2**64-1": _set(7, 2**64 - 1),
+    "clock -1": _set(7, -1),
+    "timer close past MAX_TIME_MS": _set(8, MAX_TIME_MS + 1),
+    "tick offset -1": _set(9, -1),
+}
+_STATE_CORRUPTIONS = {
+    "state clock past MAX_TIME_MS": _set(4, 2, MAX_TIME_MS + 1),
+    "episode start -1": _set(4, 3, -1),
+    "episode last event 2**63": _set(4, 4, 2**63),
+    "base-rate hits NaN": _set(*_INTENT, 0, 0, float("nan")),
+    "base-rate misses -1": _set(*_INTENT, 0, 1, -1.0),
+    "learned hits inf": _set(*_INTENT, 1, "pricing.viewed", 0, float("inf")),
+    "learned time -1": _set(*_INTENT, 1, "pricing.viewed", 2, -1),
+    "evidence alpha -5": _set(*_INTENT, 2, "pricing.viewed", 0, -5.0),
+    "evidence alpha NaN": _set(*_INTENT, 2, "pricing.viewed", 0, float("nan")),
+    "evidence beta 1e308": _set(*_INTENT, 2, "pricing.viewed", 1, 1e308),
+    "evidence time past MAX_TIME_MS": _set(*_INTENT, 2, "pricing.viewed", 2, MAX_TIME_MS + 1),
+    "seen -1": _set(*_INTENT, 3, "pricing.viewed", -1),
+    "last outcome -1": _set(*_INTENT, 6, -1),
+    "last reveal past MAX_TIME_MS": _set(*_INTENT, 7, MAX_TIME_MS + 1),
+}
+
+
+@pytest.mark.parametrize(
+    "corrupt", list(_HEADER_CORRUPTIONS.values()), ids=list(_HEADER_CORRUPTIONS)
+)
+def test_a_header_number_out_of_its_range_makes_the_value_unreadable(corrupt):
+    """The worker quarantines such a user (decode_stored), a rebuild skips it (stored_index),
+    and the changelog's compaction cannot order it (stored_version)."""
+    value = _value()
+    corrupt(value)
+    raw = msgpack.packb(value)
+    with pytest.raises(StateFormatError, match="does not have its 10 fields"):
+        decode_stored(raw, _CONFIG)
+    with pytest.raises(StateFormatError):
+        stored_index(raw)
+    assert stored_version(raw) is None
+
+
+@pytest.mark.parametrize("corrupt", list(_STATE_CORRUPTIONS.values()), ids=list(_STATE_CORRUPTIONS))
+def test_a_state_number_the_engine_never_makes_makes_the_value_unreadable(corrupt):
+    """Negative evidence made the engine fail with `math domain error` on the user's next
+    event (dead-lettered as an internal error, not quarantined); NaN was published as p."""
+    value = _value()
+    corrupt(value)
+    with pytest.raises(StateFormatError, match="stored state is impossible"):
+        decode_stored(msgpack.packb(value), _CONFIG)
+
+
+def test_a_version_1_value_with_a_time_out_of_range_is_unreadable():
+    value = _value()
+    record = value[4]
+    record[2] = MAX_TIME_MS + 1  # the state's clock, which stored_index reads from a v1 value
+    raw = msgpack.packb([1, value[1], value[2], None, record])
+    with pytest.raises(StateFormatError):
+        stored_index(raw)
+    with pytest.raises(StateFormatError):
+        decode_stored(raw, _CONFIG)
+
+
+def test_the_uncorrupted_value_reads_back():
+    """The baseline of the corruptions above."""
+    raw = msgpack.packb(_value())
+    user = decode_stored(raw, _CONFIG)
+    assert (user.last_offset, user.clock, user.tick_offset) == (5, T0, 3)
+    assert stored_index(raw).open_since == T0
+    assert stored_version(raw) == (5, 0)
