@@ -17,10 +17,12 @@ caller's `migrate` hook; newer versions are refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from engine.config import EngineConfig, IntentConfig
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.errors import ConfigError, StateFormatError, StateVersionError
 from engine.learning import judge
 from engine.packing import PackingError, pack, unpack
@@ -155,7 +157,115 @@ def state_from_record(
     except (TypeError, ValueError, AttributeError, OverflowError, ConfigError) as exc:
         msg = f"not a serialized engine state (version {FORMAT_VERSION}): {exc}"
         raise StateFormatError(msg) from exc
+    check_state(state)
     return _fit_to_config(state)
+
+
+_MAX_AMOUNT: Final = 1e300
+"""Largest count or evidence amount a state may hold. Events add at most 1e6 (the config's
+bound on weights) each, so no user comes near; and a sum of such amounts over a user's signals
+stays finite (a stored 1e308 would make α infinite and `p` NaN)."""
+_MAX_COUNT: Final = 2**63 - 1
+"""Largest seen-count (a signal's occurrences in the open episode), as msgpack stores ints."""
+
+
+def check_state(state: EngineState) -> None:
+    """Refuse a decoded state holding numbers the engine never makes (`state_from_record`
+    checks types and shape first): times outside MIN_TIME_MS..MAX_TIME_MS, counts or
+    evidence that are negative, NaN, infinite or beyond `_MAX_AMOUNT`. Applied, such a state
+    fails inside the engine (negative evidence: `math domain error`) or publishes NaN.
+
+    Raises:
+        StateFormatError: naming the first impossible number.
+    """
+    if not _possible(state):
+        _explain_impossible(state)
+        msg = "not a possible engine state: a number out of its range"  # (not reached)
+        raise StateFormatError(msg)
+
+
+def _possible(state: EngineState) -> bool:
+    """`check_state`'s rules, without building a name for every number (that took a third
+    of the decode's time)."""
+    episode = state.episode
+    optional = [state.clock, episode.started_at, episode.last_event_at]
+    times: list[int] = []
+    amounts: list[float] = []
+    for intent in state.intents.values():
+        for record in (intent.episodes, *intent.learned.values()):
+            amounts += (record.hits, record.misses)
+            times.append(record.at)
+        for evidence in intent.evidence.values():
+            amounts += (evidence.alpha, evidence.beta)
+            times.append(evidence.at)
+        times += [held.closed_at for held in intent.pending]
+        optional += (intent.last_outcome_at, intent.last_revealed_at)
+        if (
+            intent.seen
+            and not 0 <= min(intent.seen.values()) <= max(intent.seen.values()) <= _MAX_COUNT
+        ):
+            return False
+    times += [at for at in optional if at is not None]
+    total = sum(amounts)  # NaN if any amount is: min and max cannot be trusted with NaN
+    return (
+        not math.isnan(total)
+        and min(amounts, default=0.0) >= 0.0
+        and max(amounts, default=0.0) <= _MAX_AMOUNT
+        and min(times, default=MIN_TIME_MS) >= MIN_TIME_MS
+        and max(times, default=MIN_TIME_MS) <= MAX_TIME_MS
+    )
+
+
+def _explain_impossible(state: EngineState) -> None:
+    """Raise StateFormatError naming the first number `_possible` refused."""
+    episode = state.episode
+    times: list[tuple[str, int | None]] = [
+        ("clock", state.clock),
+        ("episode start", episode.started_at),
+        ("episode's last event", episode.last_event_at),
+    ]
+    for name, intent in state.intents.items():
+        records = [("episodes", intent.episodes)]
+        records += [(f"learned {signal!r}", record) for signal, record in intent.learned.items()]
+        amounts: list[tuple[str, float]] = []
+        for what, record in records:
+            amounts += _named_counts(f"intent {name!r} {what}", record)
+            times.append((f"intent {name!r} {what} time", record.at))
+        for signal, evidence in intent.evidence.items():
+            what = f"intent {name!r} evidence {signal!r}"
+            amounts += [(f"{what} alpha", evidence.alpha), (f"{what} beta", evidence.beta)]
+            times.append((f"{what} time", evidence.at))
+        _check_amounts(amounts)
+        times += [(f"intent {name!r} held episode", held.closed_at) for held in intent.pending]
+        times += [
+            (f"intent {name!r} last outcome", intent.last_outcome_at),
+            (f"intent {name!r} last reveal", intent.last_revealed_at),
+        ]
+        for signal, count in intent.seen.items():
+            if not 0 <= count <= _MAX_COUNT:
+                msg = f"not a possible engine state: intent {name!r} saw {signal!r} {count} times"
+                raise StateFormatError(msg)
+    for what, at in times:
+        if at is not None and not MIN_TIME_MS <= at <= MAX_TIME_MS:
+            msg = (
+                f"not a possible engine state: {what} is {at}, not epoch milliseconds between "
+                f"{MIN_TIME_MS} and {MAX_TIME_MS}"
+            )
+            raise StateFormatError(msg)
+
+
+def _named_counts(what: str, record: SignalRecord) -> list[tuple[str, float]]:
+    return [(f"{what} hits", record.hits), (f"{what} misses", record.misses)]
+
+
+def _check_amounts(amounts: Iterable[tuple[str, float]]) -> None:
+    for what, amount in amounts:
+        if not 0.0 <= amount <= _MAX_AMOUNT:  # False for NaN too
+            msg = (
+                f"not a possible engine state: {what} is {amount!r}; counts and evidence are "
+                f"finite, at least 0 and at most {_MAX_AMOUNT:g}"
+            )
+            raise StateFormatError(msg)
 
 
 def _check_config(config: object) -> None:

@@ -34,8 +34,6 @@ fields are derived from the state (inputs and episodes start at 0).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -49,7 +47,7 @@ from engine import (
 )
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.serialize import intent_to_record, record_head
-from engine.state import IntentState, SignalRecord
+from engine.state import IntentState
 
 STORED_VERSION: Final = 2
 _V1_LENGTH: Final = 5
@@ -57,10 +55,6 @@ _V2_LENGTH: Final = 10
 _MAX_PARTITION: Final = 2**31 - 1
 """Kafka's partitions and offsets are signed 32- and 64-bit integers."""
 _MAX_OFFSET: Final = 2**63 - 1
-_MAX_AMOUNT: Final = 1e300
-"""Largest count or evidence amount read back. Events add at most 1e6 (the config's bound on
-weights) each, so no user comes near; and a sum of such amounts over a user's signals stays
-finite (a stored 1e308 would make α infinite and `p` NaN)."""
 
 
 @dataclass(slots=True)
@@ -168,7 +162,6 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     except Exception as exc:
         msg = f"stored state is unreadable: {type(exc).__name__}: {exc}"
         raise StateFormatError(msg) from exc
-    _check_state(state)
     if value[0] == 1:
         return StoredUser(state, value[1], value[2], clock=state.clock)
     return StoredUser(state, value[1], value[2], *value[5:10])
@@ -267,102 +260,3 @@ def _is_int(value: object, low: int, high: int) -> bool:
 
 def _is_time(value: object) -> bool:
     return _is_int(value, MIN_TIME_MS, MAX_TIME_MS)
-
-
-def _check_state(state: EngineState) -> None:
-    """Refuse a decoded state holding numbers the engine never makes (the record's own
-    decoder checks types and shape only): times outside MIN_TIME_MS..MAX_TIME_MS, counts or
-    evidence that are negative, NaN, infinite or beyond `_MAX_AMOUNT`. Applied, such a state
-    fails inside the engine (negative evidence: `math domain error`) or publishes NaN.
-
-    Raises:
-        StateFormatError: naming the first impossible number.
-    """
-    if not _possible(state):
-        _explain_impossible(state)
-        msg = "stored state is impossible: a number out of its range"  # (not reached)
-        raise StateFormatError(msg)
-
-
-def _possible(state: EngineState) -> bool:
-    """`_check_state`'s rules, without building a name for every number (that took a third
-    of the decode's time)."""
-    episode = state.episode
-    optional = [state.clock, episode.started_at, episode.last_event_at]
-    times: list[int] = []
-    amounts: list[float] = []
-    for intent in state.intents.values():
-        for record in (intent.episodes, *intent.learned.values()):
-            amounts += (record.hits, record.misses)
-            times.append(record.at)
-        for evidence in intent.evidence.values():
-            amounts += (evidence.alpha, evidence.beta)
-            times.append(evidence.at)
-        times += [held.closed_at for held in intent.pending]
-        optional += (intent.last_outcome_at, intent.last_revealed_at)
-        if (
-            intent.seen
-            and not 0 <= min(intent.seen.values()) <= max(intent.seen.values()) <= _MAX_OFFSET
-        ):
-            return False
-    times += [at for at in optional if at is not None]
-    total = sum(amounts)  # NaN if any amount is: min and max cannot be trusted with NaN
-    return (
-        not math.isnan(total)
-        and min(amounts, default=0.0) >= 0.0
-        and max(amounts, default=0.0) <= _MAX_AMOUNT
-        and min(times, default=MIN_TIME_MS) >= MIN_TIME_MS
-        and max(times, default=MIN_TIME_MS) <= MAX_TIME_MS
-    )
-
-
-def _explain_impossible(state: EngineState) -> None:
-    """Raise StateFormatError naming the first number `_possible` refused."""
-    episode = state.episode
-    times: list[tuple[str, int | None]] = [
-        ("clock", state.clock),
-        ("episode start", episode.started_at),
-        ("episode's last event", episode.last_event_at),
-    ]
-    for name, intent in state.intents.items():
-        records = [("episodes", intent.episodes)]
-        records += [(f"learned {signal!r}", record) for signal, record in intent.learned.items()]
-        amounts: list[tuple[str, float]] = []
-        for what, record in records:
-            amounts += _counts(f"intent {name!r} {what}", record)
-            times.append((f"intent {name!r} {what} time", record.at))
-        for signal, evidence in intent.evidence.items():
-            what = f"intent {name!r} evidence {signal!r}"
-            amounts += [(f"{what} alpha", evidence.alpha), (f"{what} beta", evidence.beta)]
-            times.append((f"{what} time", evidence.at))
-        _check_amounts(amounts)
-        times += [(f"intent {name!r} held episode", held.closed_at) for held in intent.pending]
-        times += [
-            (f"intent {name!r} last outcome", intent.last_outcome_at),
-            (f"intent {name!r} last reveal", intent.last_revealed_at),
-        ]
-        for signal, count in intent.seen.items():
-            if not 0 <= count <= _MAX_OFFSET:
-                msg = f"stored state is impossible: intent {name!r} saw {signal!r} {count} times"
-                raise StateFormatError(msg)
-    for what, at in times:
-        if at is not None and not MIN_TIME_MS <= at <= MAX_TIME_MS:
-            msg = (
-                f"stored state is impossible: {what} is {at}, not epoch milliseconds between "
-                f"{MIN_TIME_MS} and {MAX_TIME_MS}"
-            )
-            raise StateFormatError(msg)
-
-
-def _counts(what: str, record: SignalRecord) -> list[tuple[str, float]]:
-    return [(f"{what} hits", record.hits), (f"{what} misses", record.misses)]
-
-
-def _check_amounts(amounts: Iterable[tuple[str, float]]) -> None:
-    for what, amount in amounts:
-        if not 0.0 <= amount <= _MAX_AMOUNT:  # False for NaN too
-            msg = (
-                f"stored state is impossible: {what} is {amount!r}; counts and evidence are "
-                f"finite, at least 0 and at most {_MAX_AMOUNT:g}"
-            )
-            raise StateFormatError(msg)

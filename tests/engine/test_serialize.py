@@ -290,3 +290,17 @@ def test_a_migrate_hook_that_returns_no_record_is_a_state_format_error():
     record[0] = 0
     with pytest.raises(StateFormatError, match="migrate hook"):
         deserialize(pack(record), migrate=lambda rec, version: None)
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [(0, -5.0), (0, float("nan")), (1, float("inf")), (2, -1)],
+    ids=["alpha -5", "alpha NaN", "beta inf", "time -1"],
+)
+def test_a_record_holding_a_number_the_engine_never_makes_is_no_state(where, value):
+    """Negative evidence made the next `observe` fail with `math domain error`, NaN gave p =
+    NaN: such bytes are refused when read, naming the number."""
+    record = msgpack.unpackb(serialize(_busy_state()), strict_map_key=False)
+    record[5]["upgrade"][2]["pricing.viewed"][where] = value
+    with pytest.raises(StateFormatError, match="not a possible engine state: intent 'upgrade'"):
+        deserialize(msgpack.packb(record))

@@ -170,7 +170,7 @@ def test_a_state_number_the_engine_never_makes_makes_the_value_unreadable(corrup
     event (dead-lettered as an internal error, not quarantined); NaN was published as p."""
     value = _value()
     corrupt(value)
-    with pytest.raises(StateFormatError, match="stored state is impossible"):
+    with pytest.raises(StateFormatError, match="not a possible engine state"):
         decode_stored(msgpack.packb(value), _CONFIG)
 
 
