@@ -716,13 +716,15 @@ def test_the_nesting_pre_scan_reads_strings_as_the_json_scanner_does(body):
 )
 def test_the_nesting_pre_scan_takes_one_pass(tail):
     """A 64 KiB message of one repeated pattern is refused in milliseconds (the regex that
-    removed strings was retried from every quote of an unterminated one: 25 s at 64 KiB)."""
+    removed strings was retried from every quote of an unterminated one: 25 s at 64 KiB).
+    Measured in this process's CPU time, so a busy machine does not count; the bound is about
+    1,000 times what the one pass needs and 1/10 of what the quadratic scan took."""
     raw = b"{" * 20 + b'"'
     raw += tail * ((MAX_MESSAGE_BYTES - len(raw)) // len(tail))
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(DecodeError):
         decode_event(raw)
-    assert time.perf_counter() - start < 0.25
+    assert time.process_time() - start < 2.0
 
 
 # --- properties ----------------------------------------------------------------------------
