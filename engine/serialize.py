@@ -151,7 +151,7 @@ def state_from_record(
         state = EngineState(
             config,
             EpisodeState(_opt_int(started_at), _opt_int(last_event_at)),
-            {str(name): _intent_from_record(value) for name, value in intents.items()},
+            {_name(name): _intent_from_record(value) for name, value in intents.items()},
             _opt_int(clock),
         )
     except (TypeError, ValueError, AttributeError, OverflowError, ConfigError) as exc:
@@ -314,11 +314,14 @@ def _intent_from_record(value: Any) -> IntentState:
     episodes, learned, evidence, seen, resolved, pending, outcome_at, revealed_at = value
     return IntentState(
         _record(episodes),
-        {str(name): _record(counts) for name, counts in learned.items()},
-        {str(name): Evidence(float(a), float(b), int(at)) for name, (a, b, at) in evidence.items()},
-        {str(name): int(count) for name, count in seen.items()},
-        bool(resolved),
-        [PendingEpisode(int(at), [str(name) for name in names]) for at, names in pending],
+        {_name(name): _record(counts) for name, counts in learned.items()},
+        {
+            _name(name): Evidence(_float(a), _float(b), _int(at))
+            for name, (a, b, at) in evidence.items()
+        },
+        {_name(name): _int(count) for name, count in seen.items()},
+        _bool(resolved),
+        [PendingEpisode(_int(at), [_name(name) for name in names]) for at, names in pending],
         _opt_int(outcome_at),
         _opt_int(revealed_at),
     )
@@ -326,11 +329,45 @@ def _intent_from_record(value: Any) -> IntentState:
 
 def _record(value: Any) -> SignalRecord:
     hits, misses, at = value
-    return SignalRecord(float(hits), float(misses), int(at))
+    return SignalRecord(_float(hits), _float(misses), _int(at))
+
+
+# What `state_to_record` writes, and nothing it would not: a time `1.5` or `"5"`, a count
+# `"2"` or a name `5` is no state (`int()`, `float()` and `str()` took them as one).
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        msg = f"expected an integer, got {type(value).__name__} {value!r:.40}"
+        raise TypeError(msg)
+    return value
 
 
 def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+    return None if value is None else _int(value)
+
+
+def _float(value: Any) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is int:  # a count written by a packer that kept whole floats as ints
+        return float(value)
+    msg = f"expected a number, got {type(value).__name__} {value!r:.40}"
+    raise TypeError(msg)
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        msg = f"expected true or false, got {type(value).__name__} {value!r:.40}"
+        raise TypeError(msg)
+    return value
+
+
+def _name(value: Any) -> str:
+    if type(value) is not str:
+        msg = f"expected a name (a string), got {type(value).__name__} {value!r:.40}"
+        raise TypeError(msg)
+    return value
 
 
 def _fit_to_config(state: EngineState) -> EngineState:

@@ -304,3 +304,33 @@ def test_a_record_holding_a_number_the_engine_never_makes_is_no_state(where, val
     record[5]["upgrade"][2]["pricing.viewed"][where] = value
     with pytest.raises(StateFormatError, match="not a possible engine state: intent 'upgrade'"):
         deserialize(msgpack.packb(record))
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ((2,), 1.5),  # the clock
+        ((2,), "5"),
+        ((5, "upgrade", 0, 2), True),  # a count's time
+        ((5, "upgrade", 0, 0), "2"),  # a count
+        ((5, "upgrade", 4), 1),  # resolved
+    ],
+    ids=["time 1.5", "time '5'", "time true", "count '2'", "resolved 1"],
+)
+def test_a_record_field_of_another_type_is_no_state(path, value):
+    """`int()`, `float()` and `str()` took a time 1.5 as 1 and a count "2" as 2.0: such bytes
+    are not what `serialize` writes, so they are refused, not coerced."""
+    record = msgpack.unpackb(serialize(_busy_state()), strict_map_key=False)
+    target = record
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    with pytest.raises(StateFormatError, match="expected"):
+        deserialize(msgpack.packb(record))
+
+
+def test_a_name_that_is_not_a_string_is_no_state():
+    record = msgpack.unpackb(serialize(_busy_state()), strict_map_key=False)
+    record[5]["upgrade"][1][7] = record[5]["upgrade"][1].pop("pricing.viewed")
+    with pytest.raises(StateFormatError, match="expected a name"):
+        deserialize(msgpack.packb(record))
