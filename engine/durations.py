@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Context, Decimal
-from typing import Final
+from typing import Final, TypeGuard
 
 MS_PER_UNIT: Final[dict[str, int]] = {
     "ms": 1,
@@ -22,6 +22,14 @@ MAX_TIME_MS: Final = 253_402_300_799_999
 """The latest time the engine takes (epoch ms): 9999-12-31T23:59:59.999Z, the last instant a
 `datetime` holds. Any such time plus any duration (`MAX_DURATION_MS`) fits the signed 64-bit
 integers a serialized state and an output are written with."""
+
+
+def is_time(value: object) -> TypeGuard[int]:
+    """True for a time the engine takes: an int (not a bool) of epoch milliseconds from
+    MIN_TIME_MS to MAX_TIME_MS."""
+    return type(value) is int and MIN_TIME_MS <= value <= MAX_TIME_MS
+
+
 MAX_DURATION_MS: Final = MAX_TIME_MS
 """The longest duration a config may give (about 8,000 years): a deadline, a cooldown's end
 or an attribution window's end stays a storable time."""

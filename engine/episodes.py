@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from engine.durations import MAX_TIME_MS, MIN_TIME_MS
+from engine.durations import is_time
 from engine.errors import InvalidTimeError
 from engine.learning import hold, judge, settle_expired
 from engine.state import NO_EPISODE, EngineState, IntentState, PendingEpisode
@@ -54,7 +54,7 @@ class Transition:
 def clamp_time(state: EngineState, at: object) -> int:
     """Validate `at` (epoch ms, an int from 1970 to the end of year 9999) and never let it run
     behind the state's clock."""
-    if not isinstance(at, int) or isinstance(at, bool) or not MIN_TIME_MS <= at <= MAX_TIME_MS:
+    if not is_time(at):
         raise InvalidTimeError(at)
     clock = state.clock
     return at if clock is None or at > clock else clock

@@ -45,7 +45,7 @@ from engine import (
     StateFormatError,
     state_from_record,
 )
-from engine.durations import MAX_TIME_MS, MIN_TIME_MS
+from engine.durations import MAX_TIME_MS, MIN_TIME_MS, is_time
 from engine.serialize import intent_to_record, record_head
 from engine.state import IntentState
 
@@ -204,7 +204,7 @@ def _v1_episode(record: Any) -> tuple[int | None, int | None]:
         msg = "stored state record is not a [version, config, clock, started, last, ...] array"
         raise StateFormatError(msg)
     clock, started, last = record[2], record[3], record[4]
-    if not all(v is None or _is_time(v) for v in (clock, started, last)):
+    if not all(v is None or is_time(v) for v in (clock, started, last)):
         msg = (
             "stored state record has a time that is not epoch milliseconds between "
             f"{MIN_TIME_MS} and {MAX_TIME_MS}"
@@ -247,7 +247,7 @@ def _ints(value: list[Any]) -> bool:
         return ok and (value[3] is None or type(value[3]) is int)  # a deadline (not read)
     return (
         ok
-        and all(v is None or _is_time(v) for v in (value[3], value[7], value[8]))
+        and all(v is None or is_time(v) for v in (value[3], value[7], value[8]))
         and _is_int(value[5], 0, _MAX_OFFSET)
         and _is_int(value[6], 0, _MAX_OFFSET)
         and (value[9] is None or _is_int(value[9], 0, _MAX_OFFSET))
@@ -256,7 +256,3 @@ def _ints(value: list[Any]) -> bool:
 
 def _is_int(value: object, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high  # not a bool
-
-
-def _is_time(value: object) -> bool:
-    return _is_int(value, MIN_TIME_MS, MAX_TIME_MS)

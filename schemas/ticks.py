@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from engine.durations import MAX_TIME_MS, MIN_TIME_MS
+from engine.durations import is_time
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,6 @@ def decode_tick(value: bytes | None) -> Tick:
         return Tick()
     if not isinstance(decoded, list) or not decoded:
         return Tick()
-    sent_at = decoded[0] if _is_time(decoded[0]) else None
+    sent_at = decoded[0] if is_time(decoded[0]) else None
     keys = decoded[1] if len(decoded) > 1 and isinstance(decoded[1], list) else []
     return Tick(sent_at, [key for key in keys if isinstance(key, bytes)])
-
-
-def _is_time(value: object) -> bool:
-    """Epoch ms the engine can hold: an int (not a bool) from MIN_TIME_MS to MAX_TIME_MS."""
-    return type(value) is int and MIN_TIME_MS <= value <= MAX_TIME_MS
