@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
@@ -57,6 +58,13 @@ broker's 1 MiB limit on a record batch (`message.max.bytes`)."""
 TIMER_CLOSES_PER_BATCH: Final = 1_500
 """The longest a mass close holds input up: a batch of 1,500 timer closes takes about 0.1 s
 (closes 28 µs each, their states' encoding 20 µs each, outputs and changelog; BENCHMARKS.md)."""
+GIL_SWITCH_INTERVAL_S: Final = 0.0005
+"""How long the worker's main thread may keep the interpreter from its Kafka consumer thread
+(Python's default is 5 ms). Faust's consumer runs in a thread of its own: every step of a
+fetch (reading the response, sending the next request, handing records over) waits for the
+main thread to let go, which a batch being applied does only at this interval. At 5 ms,
+records spent a median 8 ms between the broker and the fetch loop in a latency run; at 0.5 ms
+4.8 (BENCHMARKS.md)."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -78,6 +86,7 @@ def create_app(
     is called when the end is reached.
     """
     settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     topics = settings.topics
     partitions = topics.events.partitions
     app = faust.App(
@@ -272,31 +281,44 @@ class _Runtime:
         if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch:
             await self.tick_again()  # the next tick travels while this batch is written
         clock.lap("apply")
-        # The previous changelog was on its way while this batch applied (it read those states
-        # from the cache and the store, written before). It must be acknowledged before this
-        # batch may write: the fence's checks below cover the time since its records were
-        # queued only when nothing of them is still on the way.
-        await self.finished()
-        clock.lap("previous changelog")
+        # The outputs go out at once (in record batches, streams/sending.py): a prediction
+        # waits for nothing of an earlier batch. The fence is asked first, as before any
+        # write: a worker frozen long enough to have lost its partitions sends nothing.
         if not await fence.may_write(generation):
             self._fenced(generation, events)
             return
-        # The previous batch's outputs travelled meanwhile: once the broker has them, the
-        # states held so far may be written (now, or with later ones while a backlog waits).
-        await self._outputs_delivered()
+        producer = faust_patches.kafka_producer(self.app)
+        names = self.output_names
+        sending = await hand_over(
+            producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs]
+        )
+        clock.lap("outputs")
+        # The previous changelog was on its way while this batch applied (it read those states
+        # from the cache and the store, written before). It must be acknowledged before this
+        # batch may write states: the fence's checks below cover the time since its records
+        # were queued only when nothing of them is still on the way.
+        try:
+            await self.finished()
+            clock.lap("previous changelog")
+            if not await fence.may_write(generation):
+                _forget(sending)
+                self._fenced(generation, events)
+                return
+            # The previous batch's outputs travelled meanwhile: once the broker has them, the
+            # states held so far may be written (now, or with later ones while a backlog
+            # waits).
+            await self._outputs_delivered()
+        except BaseException:
+            _forget(sending)  # the worker stops or fences itself: whoever re-applies re-sends
+            raise
         writes = 0
         if self.held and not self._may_defer(generation):
             writes = await self._write(generation)
         clock.lap("states")
-        # Straight to the producer, in record batches (streams/sending.py). The batch's
-        # states are held from now on (the next batch reads them), but written only once every
-        # output is acknowledged: a failed delivery stops the worker before any state records
-        # the inputs as applied (`_outputs_delivered`).
-        producer = faust_patches.kafka_producer(self.app)
-        names = self.output_names
-        self._outputs = await hand_over(
-            producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs]
-        )
+        # The batch's states are held from now on (the next batch reads them), but written only
+        # once every output is acknowledged: a failed delivery stops the worker before any
+        # state records the inputs as applied (`_outputs_delivered`).
+        self._outputs = sending
         self.processor.hold(batch)
         if not self.held:
             self._held_since, self._held_generation = time.monotonic(), generation
@@ -305,7 +327,7 @@ class _Runtime:
         if not self._may_defer(generation):
             # While the outputs travel, encode the states that will be written with them.
             self.processor.encode(batch)
-        clock.lap("outputs")
+        clock.lap("held")
         clock.report(len(messages), len(batch.outputs), writes)
 
     async def _outputs_delivered(self) -> None:
@@ -535,8 +557,7 @@ class _Runtime:
     def _forget_outputs(self) -> None:
         """Stop waiting for the last batch's outputs (their states are dropped: whoever
         applies the inputs again sends them again, with the same ids)."""
-        for _, _, _, future in self._outputs:
-            future.add_done_callback(_retrieved)
+        _forget(self._outputs)
         self._outputs = []
 
     def _drop_held(self, why: str) -> None:
@@ -620,6 +641,13 @@ class _StageClock:
                 total * 1000,
                 ", ".join(f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in self.stages),
             )
+
+
+def _forget(sent: Sent) -> None:
+    """Stop waiting for record batches handed to the producer (their errors are retrieved, so
+    asyncio does not report them as never retrieved)."""
+    for _, _, _, future in sent:
+        future.add_done_callback(_retrieved)
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
