@@ -139,9 +139,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "one changelog record per user instead of one per batch; their inputs are acked "
             "once written (0: every batch writes its own; docs/operations.md)"),
     Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.005,
-            "how long the agent waits to fill a batch after the last one: latency against "
-            "batch size (5 ms: p99 22-24 ms at half load against 37-43 ms with 10 ms; a "
-            "backlog fills batches at once, so throughput is the same; BENCHMARKS.md)"),
+            "batches start at most this often: a batch that is not full waits until this "
+            "long after the last one started (one that took longer is followed at once); "
+            "latency against batch size (5 ms: p99 22-24 ms at half load against 37-43 ms "
+            "with 10 ms; a backlog fills batches at once, so throughput is the same; "
+            "BENCHMARKS.md)"),
     Setting("fetch_max_wait_ms", "ORACULAR_FETCH_MAX_WAIT_MS", int, 2,
             "longest the broker holds a fetch that finds no new input while input arrives "
             "(an idle worker's fetches wait 500 ms); a fetch of quiet partitions holds the "

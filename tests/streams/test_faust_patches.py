@@ -1092,6 +1092,22 @@ async def test_a_batch_waits_out_the_window_after_the_last_one_unless_it_is_full
     await asyncio.gather(taking, return_exceptions=True)
 
 
+async def test_a_batch_that_took_longer_than_the_window_is_followed_at_once(taking):
+    """The window runs from a batch's start, not its end: after a batch whose work outlasted
+    the window, the next one (not full) is not held for another window."""
+    app, stream = taking
+    window_s = 2.0
+    _put(app, stream, range(1))
+    batches = faust_patches.take_batches(stream, 10, window_s)
+    assert await _next(batches) == [0]
+    await asyncio.sleep(window_s * 1.05)  # the agent applies the batch for longer than the window
+    _put(app, stream, range(1, 2))
+    # Measured from the batch's end, the next batch would wait the whole window again.
+    batch = await asyncio.wait_for(batches.__anext__(), window_s * 0.75)
+    assert [e.message.offset for e in batch] == [1]
+    await batches.aclose()
+
+
 @pytest.mark.parametrize(
     ("where", "sha256"),
     [
