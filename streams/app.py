@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
@@ -58,13 +57,6 @@ broker's 1 MiB limit on a record batch (`message.max.bytes`)."""
 TIMER_CLOSES_PER_BATCH: Final = 1_500
 """The longest a mass close holds input up: a batch of 1,500 timer closes takes about 0.1 s
 (closes 28 µs each, their states' encoding 20 µs each, outputs and changelog; BENCHMARKS.md)."""
-GIL_SWITCH_INTERVAL_S: Final = 0.0005
-"""How long the worker's main thread may keep the interpreter from its Kafka consumer thread
-(Python's default is 5 ms). Faust's consumer runs in a thread of its own: every step of a
-fetch (reading the response, sending the next request, handing records over) waits for the
-main thread to let go, which a batch being applied does only at this interval. At 5 ms,
-records spent a median 8 ms between the broker and the fetch loop in a latency run; at 0.5 ms
-4.8 (BENCHMARKS.md)."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:
@@ -86,7 +78,6 @@ def create_app(
     is called when the end is reached.
     """
     settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     topics = settings.topics
     partitions = topics.events.partitions
     app = faust.App(
