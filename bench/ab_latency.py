@@ -1,6 +1,7 @@
 """Latency A/B of worker checkouts on one broker: `python -m bench.ab_latency`.
 
     python -m bench.ab_latency --rate 5085 --rounds 5 base=/tmp/base new=.
+    python -m bench.ab_latency --rate 8410 held=. unheld=.:ORACULAR_STATE_WRITE_INTERVAL_S=0
 
 Starts one broker (as `python -m bench` does), warms it with a passthrough run, then runs
 the latency case (bench/latency.py: `--rate` events/s for 20 s, live timestamps, 10,000
@@ -36,12 +37,16 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def _run(bench: Session, rate: float, rounds: int, roots: dict[str, Path]) -> None:
+Checkout = tuple[Path, dict[str, str]]
+"""A worker checkout and the settings its workers get."""
+
+
+async def _run(bench: Session, rate: float, rounds: int, roots: dict[str, Checkout]) -> None:
     await latency_run(bench, "passthrough", rate, 0)  # the broker's JIT warm-up
     rows: dict[str, list[tuple[float, ...]]] = {name: [] for name in roots}
     for round_ in range(rounds):
-        for name, root in roots.items():
-            bench.params.worker_root = root
+        for name, (root, settings) in roots.items():
+            bench.params.worker_root, bench.params.worker_env = root, settings
             before = set(bench.workdir.glob("*.latency"))
             await latency_run(bench, "pipeline", rate, round_)
             (path,) = set(bench.workdir.glob("*.latency")) - before
@@ -69,14 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ab_latency", description=__doc__)
     parser.add_argument("--rate", type=float, required=True, help="offered events/s")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("checkouts", nargs="+", metavar="NAME=DIR", help="worker checkouts")
+    parser.add_argument(
+        "checkouts",
+        nargs="+",
+        metavar="NAME=DIR[:ORACULAR_X=VALUE...]",
+        help="worker checkouts, each with settings for its workers",
+    )
     args = parser.parse_args(argv)
-    roots: dict[str, Path] = {}
+    roots: dict[str, Checkout] = {}
     for spec in args.checkouts:
-        name, sep, directory = spec.partition("=")
+        name, sep, rest = spec.partition("=")
+        directory, *assignments = rest.split(":")
+        settings = dict(a.partition("=")[::2] for a in assignments)
         if not sep or not Path(directory, "streams").is_dir():
             parser.error(f"{spec!r}: expected NAME=DIR, DIR a checkout of this repository")
-        roots[name] = Path(directory).resolve()
+        if not all(key.startswith("ORACULAR_") and value for key, value in settings.items()):
+            parser.error(f"{spec!r}: settings are ORACULAR_X=VALUE, separated by ':'")
+        roots[name] = (Path(directory).resolve(), settings)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # leader elections of new topics
     workdir = Path(tempfile.mkdtemp(prefix="oracular-ab-"))
     broker = start_broker(
