@@ -25,17 +25,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import msgpack
-
 from bench.latency import latency_run
 from bench.session import Params, Session
 from infra.broker import PRODUCTION_GROUP_SETTINGS, start_broker
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
 
 Checkout = tuple[Path, dict[str, str]]
 """A worker checkout and the settings its workers get."""
@@ -47,15 +39,10 @@ async def _run(bench: Session, rate: float, rounds: int, roots: dict[str, Checko
     for round_ in range(rounds):
         for name, (root, settings) in roots.items():
             bench.params.worker_root, bench.params.worker_env = root, settings
-            before = set(bench.workdir.glob("*.latency"))
-            await latency_run(bench, "pipeline", rate, round_)
-            (path,) = set(bench.workdir.glob("*.latency")) - before
-            series = msgpack.unpackb(path.read_bytes())  # (produce, latency, output sent)
-            warm_from = series[0][0] + bench.params.latency_warmup_s
-            measured = [row for row in series if row[0] >= warm_from]
-            e2e = [row[1] for row in measured]
-            leg = [row[2] - row[0] for row in measured]
-            row = tuple(_quantile(v, q) for v in (e2e, leg) for q in (0.5, 0.99))
+            result = await latency_run(bench, "pipeline", rate, round_)
+            row = tuple(
+                result[key] * 1000 for key in ("p50", "p99", "to_output_p50", "to_output_p99")
+            )
             rows[name].append(row)
             print(
                 f"{name} round {round_ + 1}: p50 {row[0]:.1f} ms, p99 {row[1]:.1f} ms; "
