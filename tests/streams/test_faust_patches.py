@@ -68,6 +68,10 @@ SOURCE_SHA256 = {
     "ProducerBuffer.wait_until_ebb": (
         "758dd5744044071bbc79609fa8e5bfc339818f186bc19b723de2c4c877412e00"
     ),
+    "Consumer.on_buffer_drop": "4b57e8a418d5ad9c58632b13b58b377ae185855520fd1280870cf7141ac0d1d0",
+    "Consumer.resume_partitions": (
+        "afe6b7c02a41d63cd46d47a03f09b547c85289c108de21d682970057d1015c3b"
+    ),
 }
 
 CONDUCTOR_HANDLER_SHA256 = "9fbc0538097aa4eca6113b99df8d17605ae72a6b5030482f041a183f4cc34df1"
@@ -548,6 +552,49 @@ async def test_upstream_drains_the_input_while_no_partition_is_active(upstream, 
         worker, scripted, then=state
     )
     assert (delivered, position, buffered) == ([], LOG_END, False)
+
+
+async def _read_after_the_buffer_filled(workers: list[Worker], timeout: float) -> Any:
+    """The fetch loop's `fetched_records` call (through `_fetch_records`, as Faust's `getmany`
+    makes it) while the agent's buffer is full and aiokafka holds fetched input records; the
+    agent then drains its buffer (`on_buffer_drop`). Returns the call's task."""
+    worker, scripted = make_fetching_worker(workers)
+    consumer = worker.consumer
+    consumer._paused_partitions = set()
+    consumer._active_partitions = {INPUT, CHANGELOG}
+    consumer.resume_flow()
+    consumer.on_buffer_full(INPUT)  # nearly full: Faust takes no more of INPUT for now
+    scripted.fetch()  # records of INPUT arrive meanwhile and wait in aiokafka's buffer
+    thread = consumer._thread
+    active = consumer._get_active_partitions()
+    reading = asyncio.ensure_future(
+        faust_patches._fetch_records(thread, thread._consumer, active, timeout=timeout)
+    )
+    await _wait_until(scripted.waiting, "the fetch loop waiting for records")
+    consumer.on_buffer_drop(INPUT)  # the agent drained its buffer: INPUT is active again
+    return reading
+
+
+async def test_a_partition_taken_back_after_its_buffer_filled_is_read_at_once(patched, workers):
+    """Faust stops taking a partition while the agent's buffer is nearly full. Records of it
+    aiokafka fetched meanwhile wait in aiokafka's buffer (and aiokafka fetches no more of it),
+    and the fetch loop's call waits for the next fetch response with records. Taking the
+    partition back wakes that call, which then returns the records: here well before its own
+    timeout, which nothing else ends."""
+    reading = await _read_after_the_buffer_filled(workers, timeout=SCENARIO_TIMEOUT_S)
+    records = await asyncio.wait_for(reading, SCENARIO_TIMEOUT_S / 2)
+    assert [record.offset for record in records[INPUT]] == list(range(COMMITTED, LOG_END))
+
+
+async def test_upstream_reads_a_partition_taken_back_only_when_other_records_arrive(
+    upstream, workers
+):
+    """Faust 0.15.3 + aiokafka 0.14.0: the call waits its whole timeout (Faust's 1 s) and
+    returns nothing; the records come with the next call. In the worker only another
+    partition's records (a tick, one a second per partition) ended such a wait: under a
+    backlog, input stopped for 0.1-1 s each time the buffer had filled."""
+    reading = await _read_after_the_buffer_filled(workers, timeout=0.5)
+    assert await asyncio.wait_for(reading, SCENARIO_TIMEOUT_S) == {}
 
 
 # --- commits: gaps and the head of the acked offsets (#606) ------------------------------------
