@@ -293,7 +293,8 @@ def section(r: Results, command: str) -> str:
         "the time from the first output record to the last (the records' own timestamps); the "
         "last is known when the output counts reach `engine.replay`'s (or after "
         f"{IDLE_S:.0f} s without output, then noted above). Latency: produce time (wall clock "
-        "when the load generator builds the event's record batch, just before it sends it) to the prediction's arrival at the bench's consumer, matched by "
+        "when the load generator builds the event's record batch, just before it sends it) "
+        "to the prediction's arrival at the bench's consumer, matched by "
         "prediction id `<user>:<event id>`, only events that produce a prediction.",
         END,
     ]
