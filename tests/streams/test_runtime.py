@@ -181,11 +181,11 @@ async def test_states_wait_for_their_outputs_and_inputs_for_their_changelog(runt
     third = _events(runtime, ["u4"], 4)
     outputs_before = len(producer.batches)
     running = asyncio.ensure_future(runtime.run_batch(third))
+    # Its outputs go out (a prediction waits for nothing of an earlier batch); its states,
+    # and the second's, wait for the first's changelog.
+    await _until(lambda: len(producer.batches) > outputs_before)
     await asyncio.sleep(0.05)  # plenty of loop turns: it applies, then waits for the first
     assert not running.done()
-    # Its outputs are out already (a prediction waits for nothing of an earlier batch); its
-    # states, and the second's, wait for the first's changelog.
-    assert len(producer.batches) > outputs_before
     assert len(table.handed) == 1
 
     table.gates[0].set_result(None)
