@@ -112,6 +112,8 @@ def create_app(
     )
 
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches
+    # The consumer runs on this loop, not in Faust's thread, unless told (faust_patches).
+    app.consumer_on_worker_loop = settings.consumer_loop == "worker"  # type: ignore[attr-defined]
     # Ticks alone do not keep the consumer's fetches short (faust_patches): an idle worker
     # fetches twice a second, not 500 times.
     app.fetch_quiet_topics = {topics.ticks.name}  # type: ignore[attr-defined]  # faust_patches

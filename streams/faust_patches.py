@@ -26,7 +26,9 @@ to `isolation_level="read_committed"` (Faust sets that only for its exactly-once
 patch wraps aiokafka's (0.14.0) fetcher, so a fetch of quiet partitions cannot hold busy input
 back for Faust's 1.5 s fetch wait (`_fetch_waiting_by_traffic`); and a partition Faust takes
 back after its buffer had filled wakes the consumer thread's wait for records, which otherwise
-ran on until another partition's records arrived (`_waking_the_fetch`).
+ran on until another partition's records arrived (`_waking_the_fetch`). Last, the worker's
+consumer runs on the worker's own event loop rather than in Faust's consumer thread, which
+waited for the GIL at every step while the worker applied batches (`ConsumerOnWorkerLoop`).
 
 Nothing else in the product touches Faust's private attributes: the small read functions at the
 end of this module are the worker's only way to them. `RawSchema` (a schema whose decode skips
@@ -55,6 +57,7 @@ from faust.tables.recovery import Recovery
 from faust.transport import consumer as consumer_module
 from faust.transport.consumer import CONSUMER_FETCHING, Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
@@ -550,6 +553,84 @@ def _fetched_traffic(fetcher: Any, request: Any) -> bool:
     )
 
 
+class _LoopTask:
+    """Stands in for mode's `WorkerThread` (the thread a `ServiceThread` runs in): runs the
+    service's `_serve` as a task of the loop that starts it. `ServiceThread.start` starts it and
+    waits until the service has started, as it waits for a thread."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task.add_done_callback(_retrieved_quietly)
+
+    async def _run(self) -> None:
+        try:
+            await self.service._serve()
+        except Exception:
+            # As `ServiceThread._start_thread` does when its thread's loop ends with an error
+            # (`_serve` has already logged it and crashed the service).
+            self.service.set_shutdown()
+            raise
+
+    def stop(self) -> None:
+        """Nothing to join: `ServiceThread.stop` has waited until the service shut down
+        (its consumer stopped), which is all the thread's end waited for besides its loop."""
+
+    def is_alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+def _retrieved_quietly(task: asyncio.Task[None]) -> None:
+    """A done callback: the task's error was logged where it happened (`ServiceThread._serve`)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):
+    """Faust's aiokafka consumer, run on the worker's event loop instead of a thread of its own
+    (`ORACULAR_CONSUMER_LOOP=worker`, the default; `_new_consumer_thread`).
+
+    Faust runs the aiokafka consumer in a `ServiceThread`: its own thread and event loop, the
+    worker's loop asking it for records through a method queue (`call_thread`). In one Python
+    process the two threads share the GIL, and the worker's loop is busy applying batches
+    (milliseconds of Python each): every step of the consumer's thread (a fetch answer read, a
+    record batch parsed, the next fetch sent, records handed over) waited for the GIL, up to
+    the interpreter's 5 ms switch interval each time. At half the worker's throughput an input
+    record reached the agent 8-10 ms after it was produced, against 2 ms for a plain aiokafka
+    consumer (p50 / p99 produce -> prediction 16.8 / 34.1 ms threaded against 9.9 / 23.7 ms
+    here, BENCHMARKS.md). On the worker's loop the consumer's I/O runs between batches, with
+    nothing to wait for.
+
+    Everything else is Faust's: the method queue (`call_thread` now hands the call to a task of
+    the same loop), the rebalance callbacks, the service's start and shutdown. Two things of
+    `ServiceThread` assume a thread of its own and are replaced: the thread (`_LoopTask` runs
+    the service's `_serve` as a task) and the sweep at its end, which cancels every task left on
+    the thread's loop (`_gather_remaining_tasks`): here those are the worker's own.
+
+    What the thread gave, and what stands in for it: aiokafka's heartbeats run on the worker's
+    loop, so a batch that blocks the loop longer than `ORACULAR_SESSION_TIMEOUT_S` costs the
+    worker its partitions (batches take milliseconds; a mass of timer closes is spread over
+    batches; a worker stalled that long fences itself either way, streams/fencing.py).
+    """
+
+    async def _gather_remaining_tasks(self) -> None:
+        """Upstream cancels every task of the thread's loop at its end: the worker's here."""
+
+
+def _new_consumer_thread(self: Any) -> Any:
+    """`faust.transport.drivers.aiokafka.Consumer._new_consumer_thread`: the consumer on the
+    app's own loop when the app says so (`app.consumer_on_worker_loop`, set by
+    `streams.app.create_app`), else Faust's consumer thread."""
+    if not getattr(self.app, "consumer_on_worker_loop", False):
+        return ORIGINALS[AIOKafkaConsumer, "_new_consumer_thread"](self)
+    return ConsumerOnWorkerLoop(
+        self, loop=self.loop, thread_loop=self.loop, Worker=_LoopTask, beacon=self.beacon
+    )
+
+
 # --- applying them -------------------------------------------------------------------------------
 
 PATCHES: Final[tuple[tuple[type, str, Callable[..., Any]], ...]] = (
@@ -571,6 +652,7 @@ PATCHES: Final[tuple[tuple[type, str, Callable[..., Any]], ...]] = (
     (ProducerBuffer, "wait_until_ebb", _ebb_without_settings(ProducerBuffer.wait_until_ebb)),
     (Consumer, "on_buffer_drop", _waking_the_fetch(Consumer.on_buffer_drop)),
     (Consumer, "resume_partitions", _waking_the_fetch(Consumer.resume_partitions)),
+    (AIOKafkaConsumer, "_new_consumer_thread", _new_consumer_thread),
 )
 """(class, method name, replacement) of every patch."""
 
@@ -948,7 +1030,8 @@ async def membership(consumer: Any) -> str:
     consumer's partitions. `LOST`: the broker no longer knows this member or generation (it
     was evicted; aiokafka rejoins). `REBALANCING`: a rebalance is under way (aiokafka rejoins).
     `UNKNOWN`: no answer (coordinator moving, broker down, no aiokafka consumer). The
-    heartbeat runs on the consumer's thread, where aiokafka's coordinator lives.
+    heartbeat runs where aiokafka's coordinator lives: the consumer's thread, or the worker's
+    loop (`ConsumerOnWorkerLoop`), through Faust's `call_thread` either way.
     """
     thread = getattr(consumer, "_thread", None)
     client = _aiokafka_consumer(consumer)

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import inspect
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,8 +33,10 @@ from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from faust import streams as faust_streams
 from faust.tables.recovery import Recovery
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
+from mode.threads import QueueServiceThread, ServiceThread
 
 from streams import faust_patches
 from streams.faust_patches import FAUST_VERSION, FaustVersionError
@@ -71,6 +74,31 @@ SOURCE_SHA256 = {
     "Consumer.on_buffer_drop": "4b57e8a418d5ad9c58632b13b58b377ae185855520fd1280870cf7141ac0d1d0",
     "Consumer.resume_partitions": (
         "afe6b7c02a41d63cd46d47a03f09b547c85289c108de21d682970057d1015c3b"
+    ),
+    "Consumer._new_consumer_thread": (  # the aiokafka driver's Consumer
+        "0870ec53dea75083995e3565c0f0a25a1c63ecceaeb238e92e2585e3623af5a9"
+    ),
+}
+
+SERVICE_THREAD_SHA256 = {
+    # What `ConsumerOnWorkerLoop` runs of mode-streaming's ServiceThread (its start, serve and
+    # stop, with the thread replaced) and what it leaves out (the thread, the sweep of the
+    # thread's loop): a new value means mode changed them, re-read them against the class.
+    "ServiceThread.__init__": "82979878990cdff5826c9d27ce132ef9d728ce0e41faae70375da8717578cb2e",
+    "ServiceThread.start": "f11841038a033a05f2523901082d51dec9b4ef42b226ab2dd4b6223078a10680",
+    "ServiceThread._serve": "67809eae09573ac7b43d0679e70a5394acc739bee5809d30b89e9ea8a7ac4b38",
+    "ServiceThread.stop": "32d026539c3665b2ceaa8dcdc0c3f49195ceb5b6059947e7104a4b258d1d4efd",
+    "ServiceThread._start_thread": (
+        "a06373478446fb6192a52e3884096299d569633973bf57e528108c449478f173"
+    ),
+    "ServiceThread._gather_remaining_tasks": (
+        "6f65b92dd101248509e375f2087a1f46997098217fbabdd8b558efbb34b72915"
+    ),
+    "QueueServiceThread.call_thread": (
+        "479edda75b54734b48dabbb33071259949ded0a6f9fa6f82e81afdc42aff6e55"
+    ),
+    "AIOKafkaConsumerThread.on_start": (
+        "38b4e8bd1e10723aed02bb1e8c74ccb02a0b04dec35b9001c51f45fa7f2b611c"
     ),
 }
 
@@ -994,6 +1022,101 @@ def test_store_reads_and_writes_agree_with_fausts_own_on_each_partition(tmp_path
     finally:
         for db in store._dbs.values():
             db.close()
+
+
+# --- the consumer on the worker's loop ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", sorted(SERVICE_THREAD_SHA256))
+def test_the_service_thread_is_the_one_the_loop_consumer_was_written_for(method):
+    owner_name, name = method.split(".")
+    owner = {
+        "ServiceThread": ServiceThread,
+        "QueueServiceThread": QueueServiceThread,
+        "AIOKafkaConsumerThread": AIOKafkaConsumerThread,
+    }[owner_name]
+    source = inspect.getsource(owner.__dict__[name])
+    assert hashlib.sha256(source.encode()).hexdigest() == SERVICE_THREAD_SHA256[method], (
+        f"mode's or faust's {method} changed: re-read it against ConsumerOnWorkerLoop"
+    )
+
+
+def _kafka_app(**attributes: Any) -> faust.App:
+    """A Faust app of the aiokafka driver (nothing connects until its consumer starts)."""
+    app = faust.App("loop-consumer", broker="kafka://127.0.0.1:1", store="memory://")
+    for name, value in attributes.items():
+        setattr(app, name, value)
+    return app
+
+
+async def test_the_consumer_runs_on_the_apps_loop_without_a_thread(patched, monkeypatch):
+    """Started, the consumer's service runs on the app's loop (the test's), in no thread of
+    its own; Faust's calls into it (`call_thread`) run there too; stopped, it shuts down
+    without touching the loop's other tasks (upstream's end of a thread cancels them all)."""
+    loop = asyncio.get_running_loop()
+    thread = _kafka_app(consumer_on_worker_loop=True).consumer._thread
+    assert isinstance(thread, faust_patches.ConsumerOnWorkerLoop)
+    assert thread.thread_loop is loop
+    where: list[tuple[int, Any]] = []
+    stops: list[str] = []
+
+    async def on_start(self: Any) -> None:  # instead of starting an aiokafka consumer
+        where.append((threading.get_ident(), asyncio.get_running_loop()))
+
+    async def on_thread_stop(self: Any) -> None:
+        await QueueServiceThread.on_thread_stop(self)  # stops its method queue
+        stops.append("stopped")
+
+    monkeypatch.setattr(faust_patches.ConsumerOnWorkerLoop, "on_start", on_start)
+    monkeypatch.setattr(faust_patches.ConsumerOnWorkerLoop, "on_thread_stop", on_thread_stop)
+    bystander = asyncio.ensure_future(asyncio.sleep(SCENARIO_TIMEOUT_S))
+    threads = threading.active_count()
+    try:
+        await asyncio.wait_for(thread.start(), SCENARIO_TIMEOUT_S)
+        here = (threading.get_ident(), loop)
+        assert where == [here]
+        assert threading.active_count() == threads
+
+        async def call() -> tuple[int, Any]:
+            return threading.get_ident(), asyncio.get_running_loop()
+
+        assert await asyncio.wait_for(thread.call_thread(call), SCENARIO_TIMEOUT_S) == here
+        await asyncio.wait_for(thread.stop(), SCENARIO_TIMEOUT_S)
+        assert stops == ["stopped"]
+        await _wait_until(lambda: not thread._thread.is_alive(), "the consumer's task to end")
+        assert not bystander.done()
+    finally:
+        bystander.cancel()
+
+
+async def test_other_apps_keep_fausts_consumer_thread(patched):
+    """Without the worker's say-so (`consumer_on_worker_loop`), Faust's thread as released."""
+    for app in (_kafka_app(), _kafka_app(consumer_on_worker_loop=False)):
+        thread = app.consumer._thread
+        try:
+            assert type(thread) is AIOKafkaConsumerThread
+            assert thread.thread_loop is not asyncio.get_running_loop()
+        finally:
+            thread.thread_loop.close()  # the thread's loop, made by mode, never run here
+
+
+@pytest.mark.parametrize(("setting", "on_loop"), [(None, True), ("worker", True), ("thread", False)])
+def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, on_loop):
+    from schemas.config import load_config
+    from streams.app import create_app
+    from streams.settings import settings_from_env
+
+    env = {"ORACULAR_DATADIR": str(tmp_path / "state")}
+    if setting is not None:
+        env["ORACULAR_CONSUMER_LOOP"] = setting
+    app = create_app(settings_from_env(env), load_config("examples/oracular.yaml"))
+    thread = app.consumer._thread
+    try:
+        assert isinstance(thread, faust_patches.ConsumerOnWorkerLoop) is on_loop
+        assert isinstance(thread, AIOKafkaConsumerThread)
+    finally:
+        if not on_loop:
+            thread.thread_loop.close()  # the thread's loop, made by mode, never run here
 
 
 def test_the_installed_faust_is_the_patched_version():
