@@ -22,8 +22,9 @@ class KillSwitch:
     other steps happen once per write, which holds the states of one batch or, while a backlog
     waits, of several. With `:stop` the worker stops itself (SIGSTOP) instead: frozen right
     there until the test sends SIGCONT, as a GC or VM pause would freeze it. With `:block` its
-    event loop is held up for `BLOCK_S` (its other threads run on, its group membership with
-    them), as a batch whose work takes that long holds it. Unset (always, outside tests): off.
+    event loop is held up for `BLOCK_S`, as a batch whose work takes that long holds it (the
+    consumer's heartbeats wait with it, unless it runs in a thread: `ORACULAR_CONSUMER_LOOP`).
+    Unset (always, outside tests): off.
     """
 
     STEPS: Final = ("outputs", "stored", "handed", "changelog", "acked")
@@ -34,8 +35,10 @@ class KillSwitch:
     }
     """What `:how` does: the log's verb, and the signal the process sends itself (None: it
     sleeps `BLOCK_S` on the event loop's thread)."""
-    BLOCK_S: Final = 4.0
-    """Over half the tests' session timeout (6 s, the broker's minimum), under all of it."""
+    BLOCK_S: Final = 3.5
+    """Over half the tests' session timeout (6 s, the broker's minimum), and under all of it
+    with a heartbeat interval (1.2 s) on top: the last heartbeat before the block may be that
+    old, and the next waits for the loop."""
 
     def __init__(self, step: str | None, batch: int, how: str = "kill") -> None:
         """Kill, stop or block (`how`) at `step` of the `batch`-th batch (None: never)."""

@@ -6,6 +6,7 @@ Every wait here is bounded by a named timeout, and a timeout fails with what was
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import sys
@@ -25,6 +26,7 @@ WORKER_READY_TIMEOUT_S = 90.0  # start, join the group, create/recover tables, "
 WORKER_STOP_TIMEOUT_S = 30.0  # SIGTERM: flush, commit, leave the group
 OUTPUT_TIMEOUT_S = 45.0  # input produced -> expected output records consumed
 POLL_INTERVAL_S = 0.2
+KILL_TIMEOUT_S = 60.0  # a started worker reaches its ORACULAR_TEST_KILL_AT step
 
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
@@ -153,3 +155,22 @@ class FaustWorker(LoggedProcess):
             self.fail(f"did not exit within {timeout_s:.0f} s of {sig.name} (killed)")
         assert self.process is not None
         return self.process.returncode
+
+
+async def wait_killed(worker: FaustWorker, step: str) -> None:
+    """Wait until the hook has SIGKILLed `worker` at `step`."""
+    process = worker.process
+    assert process is not None
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            worker.kill()
+            msg = f"the hook did not kill the worker within {KILL_TIMEOUT_S:.0f} s"
+            raise AssertionError(f"{msg}; log {worker.log_path}:\n{worker.log_tail()}")
+        await asyncio.sleep(POLL_INTERVAL_S)
+    assert process.returncode == -signal.SIGKILL, (
+        f"worker exited with {process.returncode}, not by SIGKILL; log {worker.log_path}:\n"
+        f"{worker.log_tail()}"
+    )
+    log = worker.log_text(current_run_only=True)
+    assert f"killing the worker after {step}" in log, f"not killed by the hook:\n{log[-3000:]}"

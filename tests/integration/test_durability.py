@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import re
 import shutil
-import signal
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +45,7 @@ from streams.app import STATE_TABLE
 from streams.faults import KillSwitch
 
 from .conftest import WorkerFactory
-from .support import POLL_INTERVAL_S, FaustWorker, Record
+from .support import POLL_INTERVAL_S, FaustWorker, Record, wait_killed
 from .test_worker import FAST_TICK_S, assert_no_dead_letters, closed_by_a_later_day, worker_for
 from .worker_support import (
     PARTITIONS,
@@ -85,7 +84,6 @@ states are written once its outputs are acknowledged, by the next batch or an em
 the buffer is empty, and held for later ones only while a full batch (50) waits, which a
 chunk of 150 events rarely leaves."""
 SUMMARY_INTERVAL_S = "0.1"  # the killed run logs its counters often: its last line is recent
-KILL_TIMEOUT_S = 60.0  # a started worker reaches its KILL_AT step
 COMPLETION_TIMEOUT_S = 120.0  # the restart applies the rest and commits it (about 5 s, idle)
 TICKS_TIMEOUT_S = 30.0  # the running worker's timer ticks every partition once more
 OFFSET_KEY = RocksDBStore.offset_key
@@ -121,25 +119,6 @@ async def produce_between_ticks(
     finally:
         await consumer.stop()
         await producer.stop()
-
-
-async def wait_killed(worker: FaustWorker, step: str) -> None:
-    """Wait until the hook has SIGKILLed `worker` at `step`."""
-    process = worker.process
-    assert process is not None
-    deadline = time.monotonic() + KILL_TIMEOUT_S
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            worker.kill()
-            msg = f"the hook did not kill the worker within {KILL_TIMEOUT_S:.0f} s"
-            raise AssertionError(f"{msg}; log {worker.log_path}:\n{worker.log_tail()}")
-        await asyncio.sleep(POLL_INTERVAL_S)
-    assert process.returncode == -signal.SIGKILL, (
-        f"worker exited with {process.returncode}, not by SIGKILL; log {worker.log_path}:\n"
-        f"{worker.log_tail()}"
-    )
-    log = worker.log_text(current_run_only=True)
-    assert f"killing the worker after {step}" in log, f"not killed by the hook:\n{log[-3000:]}"
 
 
 def local_table(datadir: Path) -> dict[int, dict[bytes, bytes]]:

@@ -21,7 +21,7 @@ from engine import END_OF_TIME, EngineConfig, Event
 from schemas.outputs import decode_output
 
 from .conftest import WorkerFactory
-from .support import FaustWorker
+from .support import FaustWorker, wait_killed
 from .worker_support import (
     COMPLETION_TIMEOUT_S,
     NO_WALL_CLOCK,
@@ -233,7 +233,11 @@ async def test_backfill_closes_nothing_early(
 async def test_worker_killed_mid_stream_recovers_to_the_replay(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, datadir: str
 ) -> None:
-    """Killed mid-stream and restarted (datadir kept or deleted): outputs and states as replayed."""
+    """Killed mid-stream and restarted (datadir kept or deleted): outputs and states as replayed.
+
+    The worker kills itself once the outputs of its 20th batch (of 50 events, of 4,000) are
+    delivered (`ORACULAR_TEST_KILL_AT`): a kill from the test after some outputs had arrived
+    came, on a fast run, after the worker had finished."""
     dep = deployment(kafka, request.node.name, settings={"ORACULAR_BATCH_MAX": "50"})
     events, until = closed_by_a_later_day(
         generate_stream(dep.config, events=4_000, users=200, seed=14)
@@ -243,19 +247,21 @@ async def test_worker_killed_mid_stream_recovers_to_the_replay(
     # Several fetches per partition (see the backfill test): ticks come during the catch-ups.
     await produce_events(kafka, dep.topics.events.name, events, properties=BACKFILL_PROPERTIES)
 
-    worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
+    worker = worker_for(
+        faust_worker,
+        dep,
+        ORACULAR_TICK_INTERVAL_S=FAST_TICK_S,
+        ORACULAR_TEST_KILL_AT="outputs:20",
+    )
     worker.start()
-    async with TopicReader(kafka, dep.outputs) as outputs:
-        await outputs.wait_for(
-            lambda got: len(got) >= 200, timeout_s=COMPLETION_TIMEOUT_S, what="200 outputs"
-        )
-    worker.kill()
+    await wait_killed(worker, "outputs")
     async with TopicReader(kafka, dep.outputs) as outputs:
         before = distinct_ids(await outputs.read_to_end())
-    assert len(before) < len(expected.messages), "the worker finished before it was killed"
+    assert 0 < len(before) < len(expected.messages), "not killed mid-stream"
     if datadir == "deleted":
         shutil.rmtree(worker.datadir)  # the restart restores the table from the changelog
 
+    del worker.env["ORACULAR_TEST_KILL_AT"]
     worker.start()
     # Timer closes are durable (rewritten after recovery when their tick was not committed):
     # the changelog equals the replay without closing anything by hand.
