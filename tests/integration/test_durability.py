@@ -45,7 +45,7 @@ from streams.app import STATE_TABLE
 from streams.faults import KillSwitch
 
 from .conftest import WorkerFactory
-from .support import POLL_INTERVAL_S, FaustWorker, Record, wait_killed
+from .support import FaustWorker, Record, wait_killed
 from .test_worker import FAST_TICK_S, assert_no_dead_letters, closed_by_a_later_day, worker_for
 from .worker_support import (
     PARTITIONS,

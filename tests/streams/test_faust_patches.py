@@ -1100,7 +1100,9 @@ async def test_other_apps_keep_fausts_consumer_thread(patched):
             thread.thread_loop.close()  # the thread's loop, made by mode, never run here
 
 
-@pytest.mark.parametrize(("setting", "on_loop"), [(None, True), ("worker", True), ("thread", False)])
+@pytest.mark.parametrize(
+    ("setting", "on_loop"), [(None, True), ("worker", True), ("thread", False)]
+)
 def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, on_loop):
     from schemas.config import load_config
     from streams.app import create_app
