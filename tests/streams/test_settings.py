@@ -98,6 +98,7 @@ def test_each_problem_is_one_line_naming_the_variable_or_the_flag() -> None:
                 "ORACULAR_IDLE_MS": "soon",
                 "ORACULAR_BATCH_MAX": "0",
                 "ORACULAR_OUTPUT_FORMAT": "xml",
+                "ORACULAR_CONSUMER_LOOP": "threads",
                 "ORACULAR_LATENESS_MS": "1",
             },
             {"lateness_ms": "-1", "tick_interval_s": "fast", "api_port": "70000"},
@@ -108,6 +109,7 @@ def test_each_problem_is_one_line_naming_the_variable_or_the_flag() -> None:
         "ORACULAR_BATCH_MAX: must be > 0 (got 0)",
         "--lateness-ms: must be >= 0 (got -1)",
         "ORACULAR_OUTPUT_FORMAT: must be msgpack or json (got 'xml')",
+        "ORACULAR_CONSUMER_LOOP: must be worker or thread (got 'threads')",
         "--api-port: must be 0-65535 (got 70000)",
     ]
 
