@@ -605,10 +605,13 @@ class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):
     nothing to wait for.
 
     Everything else is Faust's: the method queue (`call_thread` now hands the call to a task of
-    the same loop), the rebalance callbacks, the service's start and shutdown. Two things of
+    the same loop), the rebalance callbacks, the service's start and shutdown. Three things of
     `ServiceThread` assume a thread of its own and are replaced: the thread (`_LoopTask` runs
-    the service's `_serve` as a task) and the sweep at its end, which cancels every task left on
-    the thread's loop (`_gather_remaining_tasks`): here those are the worker's own.
+    the service's `_serve` as a task), the sweep at its end, which cancels every task left on
+    the thread's loop (`_gather_remaining_tasks`): here those are the worker's own, and the
+    thread's keepalive (`_keepalive2`), which on this loop logged "Thread keepalive is not
+    responding" at ERROR after any step of 2 s (the worker's own lease notices stalls,
+    streams/fencing.py).
 
     What the thread gave, and what stands in for it: aiokafka's heartbeats run on the worker's
     loop, so a batch that blocks the loop longer than `ORACULAR_SESSION_TIMEOUT_S` costs the
@@ -618,6 +621,9 @@ class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):
 
     async def _gather_remaining_tasks(self) -> None:
         """Upstream cancels every task of the thread's loop at its end: the worker's here."""
+
+    async def _keepalive2(self) -> None:
+        """Upstream checks that the thread's loop runs and pokes the parent's: one loop here."""
 
 
 def _new_consumer_thread(self: Any) -> Any:

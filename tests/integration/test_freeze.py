@@ -146,4 +146,5 @@ async def test_a_long_step_while_the_changelog_is_on_its_way_is_no_freeze(
     assert worker.running, f"the worker exited:\n{worker.log_tail()}"
     assert "confirming it still belongs to its group" in log
     assert "frozen for" not in log
+    assert "keepalive is not responding" not in log  # mode's check of a consumer thread
     assert worker.stop() == 0

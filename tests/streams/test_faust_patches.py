@@ -91,6 +91,9 @@ SERVICE_THREAD_SHA256 = {
     "ServiceThread._start_thread": (
         "a06373478446fb6192a52e3884096299d569633973bf57e528108c449478f173"
     ),
+    "ServiceThread._keepalive2": (
+        "3bc84ca2133f05b0c95db0646a7a5904b1286fb3a7feb521e1c96213ccc2c447"
+    ),
     "ServiceThread._gather_remaining_tasks": (
         "6f65b92dd101248509e375f2087a1f46997098217fbabdd8b558efbb34b72915"
     ),
@@ -1076,6 +1079,9 @@ async def test_the_consumer_runs_on_the_apps_loop_without_a_thread(patched, monk
         here = (threading.get_ident(), loop)
         assert where == [here]
         assert threading.active_count() == threads
+        # No thread keepalive: upstream's checks the loop every 1.1 s until the service stops
+        # (logging an error after any 2 s step of the worker's loop).
+        await asyncio.wait_for(thread._keepalive2(), 1.0)
 
         async def call() -> tuple[int, Any]:
             return threading.get_ident(), asyncio.get_running_loop()
