@@ -564,16 +564,15 @@ class _LoopTask:
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
-        self.task.add_done_callback(_retrieved_quietly)
 
     async def _run(self) -> None:
         try:
             await self.service._serve()
         except Exception:
-            # As `ServiceThread._start_thread` does when its thread's loop ends with an error
-            # (`_serve` has already logged it and crashed the service).
+            # As `ServiceThread._start_thread` does when its thread's loop ends with an error.
+            # Not raised again: `_serve` has logged it and crashed the service (a thread's
+            # error ends the thread; a task's would only be reported as never retrieved).
             self.service.set_shutdown()
-            raise
 
     def stop(self) -> None:
         """Nothing to join: `ServiceThread.stop` has waited until the service shut down
@@ -581,12 +580,6 @@ class _LoopTask:
 
     def is_alive(self) -> bool:
         return self.task is not None and not self.task.done()
-
-
-def _retrieved_quietly(task: asyncio.Task[None]) -> None:
-    """A done callback: the task's error was logged where it happened (`ServiceThread._serve`)."""
-    if not task.cancelled():
-        task.exception()
 
 
 class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):

@@ -413,14 +413,13 @@ def _check(settings: Settings, label: Any) -> list[str]:
     for name in not_negative:
         if getattr(settings, name) < 0:
             problems.append(f"{label(name)}: must be >= 0 (got {getattr(settings, name)})")
-    if settings.output_format not in ("msgpack", "json"):
-        problems.append(
-            f"{label('output_format')}: must be msgpack or json (got {settings.output_format!r})"
-        )
-    if settings.consumer_loop not in ("worker", "thread"):
-        problems.append(
-            f"{label('consumer_loop')}: must be worker or thread (got {settings.consumer_loop!r})"
-        )
+    for name, (first, second) in (
+        ("output_format", ("msgpack", "json")),
+        ("consumer_loop", ("worker", "thread")),
+    ):
+        value = getattr(settings, name)
+        if value not in (first, second):
+            problems.append(f"{label(name)}: must be {first} or {second} (got {value!r})")
     protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
     if settings.security_protocol not in protocols:
         problems.append(f"{label('security_protocol')}: must be one of {', '.join(protocols)}")
