@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine.dedupe import DEFAULT_MAX_IDS, DEFAULT_WINDOW_MS
 from engine.durations import format_duration, parse_duration
 from engine.errors import ConfigError
 from engine.lift import DEFAULT_LIFT, DEPRECATED_LIFTS, LIFT_MEASURES
@@ -32,7 +33,12 @@ that α and β summed over any number of events stay finite floats (the Beta mod
 multiplies α, β and the cube of their sum; a weight of 1e308 made p NaN). `priorEpisodes` has
 no maximum: any positive real is valid (SPEC §2), and the blend stays finite up to 1e308."""
 
-_TOP_KEYS: Final = frozenset({"$schema", "episodeTimeout", "learning", "intents"})
+_TOP_KEYS: Final = frozenset(
+    {"$schema", "episodeTimeout", "dedupeWindow", "dedupeMaxIds", "learning", "intents"}
+)
+MAX_DEDUPE_IDS: Final = 100_000
+"""The largest `dedupeMaxIds`: 1.6 MB of remembered ids per user is already far more than a
+state should carry; a stream with more retries than that per user needs a dedupe store."""
 _LEARNING_KEYS: Final = frozenset({"gain", "priorEpisodes", "lift", "halfLife"})
 _INTENT_KEYS: Final = frozenset(
     {
@@ -103,6 +109,11 @@ class EngineConfig:
     episode_timeout_ms: int | None = None
     """An idle gap longer than this closes the open episode; None: only end_episode closes."""
     learning: LearningConfig = field(default_factory=LearningConfig)
+    dedupe_window_ms: int = DEFAULT_WINDOW_MS
+    """A user remembers the event ids it applied for this long (event time), so a producer's
+    retry of one counts once (`engine.dedupe`); 0: no deduplication by id."""
+    dedupe_max_ids: int = DEFAULT_MAX_IDS
+    """Most ids a user remembers (16 bytes each); past it the oldest are forgotten early."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Non-fatal remarks found while loading (deprecated lift, outcome listed as a signal)."""
     signal_index: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
@@ -152,6 +163,11 @@ class EngineConfig:
         out: dict[str, Any] = {}
         if self.episode_timeout_ms is not None:
             out["episodeTimeout"] = format_duration(self.episode_timeout_ms)
+        # Only when set: the config embedded in serialized engine states stays as it was.
+        if self.dedupe_window_ms != DEFAULT_WINDOW_MS:
+            out["dedupeWindow"] = format_duration(self.dedupe_window_ms)
+        if self.dedupe_max_ids != DEFAULT_MAX_IDS:
+            out["dedupeMaxIds"] = self.dedupe_max_ids
         learning: dict[str, Any] = {
             "gain": self.learning.gain,
             "priorEpisodes": self.learning.prior_episodes,
@@ -196,6 +212,12 @@ def _read_config(
         return None
     _unknown_keys(obj, _TOP_KEYS, "", problems)
     timeout = _duration(obj, "episodeTimeout", "", problems)
+    window = _duration(obj, "dedupeWindow", "", problems)
+    max_ids = _number(
+        obj, "dedupeMaxIds", "", problems, DEFAULT_MAX_IDS, minimum=1, maximum=MAX_DEDUPE_IDS
+    )
+    if not float(max_ids).is_integer():
+        problems.append(("dedupeMaxIds", f"must be a whole number (got {max_ids!r})"))
     learning = _read_learning(obj.get("learning", {}), problems, warnings)
     intents_obj = obj.get("intents")
     intents: dict[str, IntentConfig] = {}
@@ -216,6 +238,8 @@ def _read_config(
         intents=intents,
         episode_timeout_ms=timeout,
         learning=learning,
+        dedupe_window_ms=DEFAULT_WINDOW_MS if window is None else window,
+        dedupe_max_ids=int(max_ids) if float(max_ids).is_integer() else DEFAULT_MAX_IDS,
         warnings=tuple(warnings),
     )
 
@@ -388,7 +412,7 @@ def _number(
     if key not in obj:
         return default
     value = obj[key]
-    path = f"{parent}.{key}"
+    path = f"{parent}.{key}" if parent else key
     if not _is_finite_number(value):
         problems.append((path, f"must be a finite number (got {value!r:.40})"))
         return default

@@ -133,6 +133,12 @@ class IgnoredMessage(SchemaError):
     """A well-formed message that carries no event for the engine (Segment identify, ...)."""
 
 
+def show_time(ms: int) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC time, for messages people read."""
+    text = datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
 def event_message(event: Event, **extra: Any) -> dict[str, Any]:
     """The native input message of `event` (what `decode_event` reads back), plus `extra`
     fields (producers' own analytics properties, which the worker ignores)."""
@@ -252,6 +258,8 @@ def event_from_message(obj: Mapping[str, Any], *, fallback_ts: int | None = None
         raise DecodeError(msg)
     user = _string(obj, "user")
     at = _time(obj.get("ts"), "ts", fallback_ts)
+    if obj.get("sent_at") is not None and obj.get("ts") is not None:
+        at = _corrected(at, "ts", (obj["sent_at"], "sent_at"), None, fallback_ts)
     event_id = _optional_string(obj, "id")
     if kind == "end":
         return Event(user, at, type="end", id=event_id)
@@ -282,8 +290,43 @@ def _from_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) ->
     name = SEGMENT_EVENT_TYPES[kind]
     if name is None:
         name = _string(obj, "event")
-    at = _time(obj.get("timestamp"), "timestamp", fallback_ts)
+    device = "originalTimestamp" if obj.get("originalTimestamp") is not None else "timestamp"
+    if obj.get("sentAt") is not None and obj.get(device) is not None:
+        at = _time(obj[device], device, None)
+        sent = (obj["sentAt"], "sentAt")
+        at = _corrected(at, device, sent, obj.get("receivedAt"), fallback_ts)
+    else:
+        at = _time(obj.get("timestamp"), "timestamp", fallback_ts)
     return Event(user, at, name=name, id=_optional_string(obj, "messageId"))
+
+
+def _corrected(
+    at: int, field: str, sent: tuple[object, str], received: object, record_ts: int | None
+) -> int:
+    """The device time `at` corrected for the device's clock skew, as Segment corrects it:
+    `received - (sent - at)`, where `sent` is the device's own time of sending and `received`
+    the server's time of receiving: the message's `receivedAt`, else its record's timestamp.
+    Both differences come from one clock each, so a device clock off by years gives the
+    right time. With neither (a file line without `receivedAt`), `at` as it is: the message
+    counts as received when it was sent. `sent` is the sending time's value and field name.
+    """
+    sent_value, sent_field = sent
+    sent_ms = _time(sent_value, sent_field, None)
+    if received is not None:
+        received_ms = _time(received, "receivedAt", None)
+    elif type(record_ts) is int and _in_range(record_ts):
+        received_ms = record_ts
+    else:
+        return at
+    corrected = received_ms - (sent_ms - at)
+    if not _in_range(corrected):
+        msg = (
+            f"field {field!r} corrected for the device's clock skew ({sent_field} "
+            f"{sent_ms} received at {received_ms}) is {corrected}: must be epoch milliseconds "
+            f"between {MIN_TS} and {MAX_TS}"
+        )
+        raise DecodeError(msg)
+    return corrected
 
 
 def _string(obj: Mapping[str, Any], field: str) -> str:

@@ -1,9 +1,9 @@
 """The state table's values: one user's engine state plus what the worker needs around it.
 
-Version 2 (written by this worker):
+Version 3 (written by this worker):
 
-    [2, partition, last_offset, open_since, state_record, inputs, episodes, clock, timer_close,
-     tick_offset]
+    [3, partition, last_offset, open_since, state_record, inputs, episodes, clock, timer_close,
+     tick_offset, recent_hashes, recent_times]
 
 - `partition` and `last_offset`: the source partition and offset of the last input applied;
   an input at or below `last_offset` was already applied (a redelivery) and is skipped.
@@ -27,13 +27,17 @@ Version 2 (written by this worker):
   ticks topic, else None. After a restart, users written by a tick at or past the committed
   ticks offset are written again, so the changelog cannot miss a timer close that the local
   store has (the tick itself is redelivered, but finds nothing left to close).
+- `recent_hashes`, `recent_times`: the event ids the user applied within the dedupe window
+  (`engine.dedupe.RecentIds`: 8 bytes each, oldest first), so a producer's retry counts once.
 
+Version 2 (the first ten fields) is read with no remembered ids.
 Version 1 (`[1, partition, last_offset, deadline, state_record]`) is still read: the missing
 fields are derived from the state (inputs and episodes start at 0).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -45,13 +49,14 @@ from engine import (
     StateFormatError,
     state_from_record,
 )
+from engine.dedupe import ENTRY_BYTES, NO_IDS, RecentIds
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS, is_time
 from engine.serialize import intent_to_record, record_head
 from engine.state import IntentState
 
-STORED_VERSION: Final = 2
-_V1_LENGTH: Final = 5
-_V2_LENGTH: Final = 10
+STORED_VERSION: Final = 3
+_LENGTHS: Final = {1: 5, 2: 10, 3: 12}
+"""Fields of a stored value, by version."""
 _MAX_PARTITION: Final = 2**31 - 1
 """Kafka's partitions and offsets are signed 32- and 64-bit integers."""
 _MAX_OFFSET: Final = 2**63 - 1
@@ -75,6 +80,8 @@ class StoredUser:
     """The close time of the user's last episode when the timer closed it, else None."""
     tick_offset: int | None = None
     """The offset of the tick that wrote this state last, if a tick did."""
+    recent: RecentIds = NO_IDS
+    """The event ids applied within the dedupe window (a retry of one is skipped)."""
     packed: dict[str, tuple[IntentState, bytes]] | None = field(
         default=None, compare=False, repr=False
     )
@@ -96,6 +103,13 @@ class StoredIndex:
     """See `StoredUser.tick_offset`."""
 
 
+def id_digest(event_id: str) -> bytes:
+    """The 8-byte hash an event id is remembered by (`StoredUser.recent`): BLAKE2b, the same
+    in every process and version, so a restored or replayed user recognises its ids."""
+    data = event_id.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=ENTRY_BYTES).digest()
+
+
 def encode_stored(user: StoredUser) -> bytes:
     """The table value for `user`.
 
@@ -114,12 +128,21 @@ def encode_stored(user: StoredUser) -> bytes:
         user.last_offset,
         last if started is not None else None,
     ]
-    tail = [user.inputs, user.episodes, user.clock, user.timer_close, user.tick_offset]
+    recent = user.recent
+    tail = [
+        user.inputs,
+        user.episodes,
+        user.clock,
+        user.timer_close,
+        user.tick_offset,
+        recent.hashes,
+        recent.times,
+    ]
     packed = user.packed
     if packed is None:
         packed = user.packed = {}
     parts = [
-        _ARRAY_OF_10,
+        _ARRAY_OF_12,
         _packb(head)[1:],  # a short array's header is one byte: the items' encodings follow
         _RECORD_ARRAY,
         _packb(record_head(state, include_config=False))[1:],
@@ -135,7 +158,7 @@ def encode_stored(user: StoredUser) -> bytes:
 
 
 _packb = msgpack.Packer().pack  # one Packer, not one per call; the worker's thread only
-_ARRAY_OF_10: Final = b"\x9a"  # msgpack fixarray headers: 0x90 | length
+_ARRAY_OF_12: Final = b"\x9c"  # msgpack fixarray headers: 0x90 | length
 _RECORD_ARRAY: Final = b"\x96"
 
 
@@ -164,7 +187,11 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
         raise StateFormatError(msg) from exc
     if value[0] == 1:
         return StoredUser(state, value[1], value[2], clock=state.clock)
-    return StoredUser(state, value[1], value[2], *value[5:10])
+    recent = NO_IDS if value[0] == 2 or not value[10] else RecentIds(value[10], value[11])
+    inputs, episodes, clock, timer_close, tick_offset = value[5:10]
+    return StoredUser(
+        state, value[1], value[2], inputs, episodes, clock, timer_close, tick_offset, recent
+    )
 
 
 def stored_index(raw: bytes) -> StoredIndex:
@@ -230,8 +257,11 @@ def _header(raw: bytes) -> list[Any]:
             f"({STORED_VERSION}); deploy the newer worker or reset the app id"
         )
         raise StateFormatError(msg)
-    expected = _V1_LENGTH if value[0] == 1 else _V2_LENGTH
-    if value[0] < 1 or len(value) != expected or not _ints(value):
+    expected = _LENGTHS.get(value[0])
+    if expected is None:
+        msg = f"stored state version {value[0]} is not one this worker reads (1 to 3)"
+        raise StateFormatError(msg)
+    if len(value) != expected or not _ints(value):
         msg = f"stored state version {value[0]} does not have its {expected} fields"
         raise StateFormatError(msg)
     return value
@@ -251,6 +281,17 @@ def _ints(value: list[Any]) -> bool:
         and _is_int(value[5], 0, _MAX_OFFSET)
         and _is_int(value[6], 0, _MAX_OFFSET)
         and (value[9] is None or _is_int(value[9], 0, _MAX_OFFSET))
+        and (value[0] == 2 or _recent_ids(value[10], value[11]))
+    )
+
+
+def _recent_ids(hashes: object, times: object) -> bool:
+    """Two byte strings of one 8-byte entry per remembered id each."""
+    return (
+        type(hashes) is bytes
+        and type(times) is bytes
+        and len(hashes) == len(times)
+        and len(hashes) % ENTRY_BYTES == 0
     )
 
 

@@ -60,6 +60,12 @@ def _add_replay(commands: Any) -> None:
         help="final watermark, epoch ms or ISO-8601: episodes due "
         "by then are closed (default: the end of time)",
     )
+    replay.add_argument(
+        "--clock",
+        help="the run's clock, epoch ms or ISO-8601 (default: now): an event time more than "
+        "the allowed clock skew ahead of it is dead-lettered, as a live worker does with its "
+        "record's timestamp (a file has none)",
+    )
     replay.add_argument("--states", help="also write each user's final state to this JSONL file")
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
     input_arguments(replay)
@@ -153,15 +159,12 @@ def run_replay(args: argparse.Namespace) -> int:
     """`oracular replay`: events file -> outputs, no Kafka."""
     GcPolicy.tune()  # the engine allocates as in the worker: the same collector schedule
     config = load_config(args.config)
-    until = END_OF_TIME
-    if args.until is not None:
-        try:
-            until = parse_time(
-                int(args.until) if args.until.isdigit() else args.until, "--until", None
-            )
-        except DecodeError as exc:
-            print(f"oracular replay: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        until = _time_flag(args.until, "--until")
+        clock = _time_flag(args.clock, "--clock")
+    except DecodeError as exc:
+        print(f"oracular replay: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     source = Path(args.events)
     try:
         handle = sys.stdin.buffer if args.events == "-" else source.open("rb")
@@ -170,14 +173,14 @@ def run_replay(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     total = None if args.events == "-" else source.stat().st_size
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
-    config_run = OfflineRun(config, str(source))
+    config_run = OfflineRun(config, str(source), clock)
     started = time.monotonic()
     progress = Progress("replay", total, enabled=not args.quiet)
     try:
         for line in read_lines(handle, file_format(source, args.format), columns(args)):
             progress.advance(handle.tell() if handle.seekable() else 0)
             _write(out, config_run.feed_line(line))
-        _write(out, config_run.finish(until))
+        _write(out, config_run.finish(END_OF_TIME if until is None else until))
     except EventFileError as exc:  # raised before any line: the file cannot be read at all
         print(f"oracular replay: {source}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -193,7 +196,15 @@ def run_replay(args: argparse.Namespace) -> int:
                 write_jsonl(states, {"user": user, "state": encoded_state(state)}, "states")
     if not args.quiet:
         counts = config_run.counts
-        shown = ("applied", "late", "ignored", "dead_lettered", "predictions", "episodes")
+        shown = (
+            "applied",
+            "late",
+            "duplicate_id",
+            "ignored",
+            "dead_lettered",
+            "predictions",
+            "episodes",
+        )
         summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
         elapsed = time.monotonic() - started
         rate = config_run.processor.handled() / max(elapsed, 1e-9)
@@ -203,6 +214,17 @@ def run_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _time_flag(value: str | None, flag: str) -> int | None:
+    """A time flag's value as epoch ms (digits) or ISO-8601, or None when not given.
+
+    Raises:
+        DecodeError: neither, or out of range (the text names the flag).
+    """
+    if value is None:
+        return None
+    return parse_time(int(value) if value.isdigit() else value, flag, None)
 
 
 _TOPICS: Final = {PREDICTIONS_ROLE: PREDICTIONS, EPISODES_ROLE: EPISODES, DLQ_ROLE: DLQ}

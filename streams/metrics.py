@@ -156,7 +156,7 @@ def processor_families(
 ) -> list[Family]:
     """The processor's counters, read generically.
 
-    Input outcomes (`handled`: applied, duplicates, ...) become
+    Input outcomes (`handled`: applied, redelivered, ...) become
     `oracular_inputs_total{outcome=...,partition=...}` and late inputs
     `oracular_late_total{partition=...}`, from `by_partition` (every outcome of each of
     `partitions` and of the partitions counted, zeros included); output kinds (`outputs`)

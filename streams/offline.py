@@ -4,11 +4,16 @@
 live worker decide every output in one place (`streams/processor.py`). The state table is a
 dict; the run is one partition whose closes are held until the end (`TimePolicy.hold_until_end`),
 then the final watermark (`--until`, default the end of time) closes what is due by then.
+
+A file has no Kafka records, so the one rule that needs a record's timestamp, the bound on how
+far an event time may run ahead (docs/time.md), is applied against the run's own clock: the
+time the run started, unless `clock_ms` (`--clock`) sets it.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -41,10 +46,14 @@ class DictTable(Table):
 class OfflineRun:
     """Feeds lines or events to a `Processor` over a `DictTable`; yields the outputs."""
 
-    def __init__(self, config: EngineConfig, source: str = "<events>") -> None:
-        """`source` names the input in dead-letter records (as the topic does live)."""
+    def __init__(
+        self, config: EngineConfig, source: str = "<events>", clock_ms: int | None = None
+    ) -> None:
+        """`source` names the input in dead-letter records (as the topic does live);
+        `clock_ms` is the run's clock (default: now) for the bound on clocks running ahead."""
         self.config = config
         self.source = source
+        self.clock_ms = int(time.time() * 1000) if clock_ms is None else clock_ms
         self.table = DictTable()
         self.processor = Processor(
             config,
@@ -69,12 +78,13 @@ class OfflineRun:
         elif line.event is None:
             self.processor.dead_letter(self._batch, message, line.error or "undecodable")
         else:
-            self.processor.apply(self._batch, message, line.event)
+            self.processor.apply(self._batch, message, line.event, self.clock_ms)
         return self._after_one()
 
     def feed_event(self, index: int, event: Event) -> list[Output]:
         """Apply one event; `index` is its position (its offset in dead-letter records)."""
-        self.processor.apply(self._batch, self._message(index, None, event), event)
+        message = self._message(index, None, event)
+        self.processor.apply(self._batch, message, event, self.clock_ms)
         return self._after_one()
 
     def finish(self, until: int = END_OF_TIME) -> list[Output]:
@@ -116,10 +126,14 @@ class OfflineRun:
 
 
 def replay_outputs(
-    config: EngineConfig, events: Iterable[Event], *, until: int = END_OF_TIME
+    config: EngineConfig,
+    events: Iterable[Event],
+    *,
+    until: int = END_OF_TIME,
+    clock_ms: int | None = None,
 ) -> tuple[list[Output], OfflineRun]:
     """Every output of `events` replayed offline, and the run (for its states and counts)."""
-    run = OfflineRun(config)
+    run = OfflineRun(config, clock_ms=clock_ms)
     outputs: list[Output] = []
     for index, event in enumerate(events):
         outputs.extend(run.feed_event(index, event))

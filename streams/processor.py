@@ -7,16 +7,18 @@ deduplicates, applies the engine, decides the outputs and keeps each partition's
 the timer's deadline index, so the worker, a backfill and a replay decide every output in one
 place. Everything here is synchronous and testable with a dict as the table.
 
-Per message, exactly one of: applied, skipped as a duplicate (its offset is at or below the
-user's last applied offset), ignored (a Segment message with no event), or dead-lettered with
-the reason. Nothing raises out of `run_batch` for a bad message, and nothing a message carries
+Per message, exactly one of: applied, skipped as redelivered (its offset is at or below the
+user's last applied offset), skipped as a duplicate id (a producer's retry of an event the user
+applied within the dedupe window), ignored (a Segment message with no event), or dead-lettered
+with the reason (among them an input whose time runs further ahead of its record's timestamp,
+or of the clock, than the allowed skew: a wrong device clock must not drag its user into the
+future). Nothing raises out of `run_batch` for a bad message, and nothing a message carries
 can stop its partition: an unexpected error in one message's handling is caught at that
 message, dead-lettered and counted.
 
 Time (docs/time.md): each partition has a watermark, the largest event time applied on it
 minus the allowed lateness. The wall clock moves it only while the partition is caught up and
-idle, and an event time that runs ahead of its record's timestamp moves it only as far as the
-record's timestamp plus the allowed clock skew. A tick closes the episodes whose deadline
+idle. A tick closes the episodes whose deadline
 (last event + episodeTimeout) is before the watermark, *at* that deadline, exactly as the
 user's next event would close them.
 """
@@ -40,7 +42,8 @@ from engine import (
     close_if_due,
     create_state,
 )
-from schemas.events import DecodeError, IgnoredMessage, decode_event
+from engine.dedupe import RecentIds, forget_before, remember
+from schemas.events import DecodeError, IgnoredMessage, decode_event, show_time
 from schemas.outputs import (
     Format,
     dlq_message,
@@ -48,13 +51,16 @@ from schemas.outputs import (
     episode_message,
     prediction_message,
 )
-from schemas.stored import StoredUser, decode_stored, encode_stored, stored_index
+from schemas.stored import StoredUser, decode_stored, encode_stored, id_digest, stored_index
 from schemas.ticks import decode_tick
 
 log = logging.getLogger(__name__)
 
-HANDLED: Final = ("applied", "duplicates", "dead_lettered", "ignored")
-"""Every consumed input message is counted as exactly one of these."""
+HANDLED: Final = ("applied", "redelivered", "duplicate_id", "dead_lettered", "ignored")
+"""Every consumed input message is counted as exactly one of these: `redelivered` is an
+input at or below its user's last applied offset (Kafka delivered it again after a crash or a
+rebalance), `duplicate_id` a producer's retry: an event id the user applied within the dedupe
+window."""
 REPORTED: Final = (
     *HANDLED,
     "late",
@@ -65,6 +71,7 @@ REPORTED: Final = (
     "behind_watermark",
     "closed_early",
     "clock_ahead",
+    "ids_forgotten_early",
     "quarantined",
     "internal_errors",
     "gaps",
@@ -418,7 +425,7 @@ class Processor:
             self.closed_by_reason[step.closed.reason] += 1
 
     def handled(self) -> int:
-        """Input messages handled so far (applied, duplicates, dead-lettered or ignored)."""
+        """Input messages handled so far (each counted as exactly one of HANDLED)."""
         return sum(self.counts[name] for name in HANDLED)
 
     def summary(self, separator: str = " ") -> str:
@@ -529,37 +536,80 @@ class Processor:
 
         All that can fail (the key check, reading the state, the engine, encoding the
         outputs) happens before the batch changes, so a failure dead-letters the message
-        and leaves the user as it was.
+        and leaves the user as it was. `wall_ms` is the run's clock (docs/time.md).
         """
+        found = self._user_of(batch, message, event)
+        if found is None:
+            return
+        key, slot = found
+        if self._skipped(batch, message, event, slot, wall_ms):
+            return
+        digest = None
+        if event.id is not None and self.config.dedupe_window_ms > 0:
+            digest = id_digest(event.id)
+            if digest in slot.user.recent:  # a producer's retry (engine/dedupe.py)
+                self.count_input("duplicate_id", message.partition)
+                return
+        try:
+            step = apply_event(slot.user.state, event)
+        except EngineError as exc:
+            self.dead_letter(batch, message, str(exc))
+            return
+        self._commit(batch, message, key, slot, step, digest=digest)
+
+    def _user_of(
+        self, batch: Batch, message: InMessage, event: Event
+    ) -> tuple[bytes, _Slot] | None:
+        """The input's user key and state, or None once the input is dead-lettered (a key
+        that is not its user, a user whose stored state cannot be read)."""
         try:
             key = _user_key(message.key, event.user)
         except DecodeError as exc:
             self.dead_letter(batch, message, str(exc))
-            return
+            return None
         if key in self.quarantined:
             self.dead_letter(batch, message, _quarantine_reason(event.user, "see earlier"))
-            return
+            return None
         try:
-            slot = batch.slot(key, message)
+            return key, batch.slot(key, message)
         except StateFormatError as exc:
             self.quarantined.add(key)
             self.counts["quarantined"] = len(self.quarantined)
             log.error("user %r quarantined: its stored state is unreadable: %s", event.user, exc)
             self.dead_letter(batch, message, _quarantine_reason(event.user, str(exc)))
-            return
-        user = slot.user
-        if message.offset <= user.last_offset:
+            return None
+
+    def _skipped(
+        self, batch: Batch, message: InMessage, event: Event, slot: _Slot, wall_ms: int | None
+    ) -> bool:
+        """Whether the input is done with before the engine sees it: redelivered, or
+        dead-lettered for a clock running too far ahead."""
+        if message.offset <= slot.user.last_offset:
             # A redelivery after a crash. The local store already has this input, but its
             # changelog record may not have left before the crash: write the state again so
             # a restore from the changelog cannot fall behind the committed offsets.
-            self.count_input("duplicates", message.partition)
+            self.count_input("redelivered", message.partition)
             slot.dirty = True
-            return
-        try:
-            step = apply_event(user.state, event)
-        except EngineError as exc:
-            self.dead_letter(batch, message, str(exc))
-            return
+            return True
+        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
+        if ahead is not None:
+            self.counts["clock_ahead"] += 1
+            self.dead_letter(batch, message, ahead)
+            return True
+        return False
+
+    def _commit(
+        self,
+        batch: Batch,
+        message: InMessage,
+        key: bytes,
+        slot: _Slot,
+        step: Step,
+        *,
+        digest: bytes | None,
+    ) -> None:
+        """Record an applied input: its outputs, the user's new stored state, the clocks."""
+        event, user = step.event, slot.user
         inputs = user.inputs + 1
         episodes = user.episodes + (step.closed is not None)
         outputs = []
@@ -573,14 +623,11 @@ class Processor:
         # Nothing below can fail: commit the input to the batch.
         partition = message.partition
         clock = self._clock(partition)
-        ahead = self._ahead(event.at, message.timestamp_ms, wall_ms)
         self._count_time(event, step.at, user, clock)
-        if ahead:
-            self.counts["clock_ahead"] += 1
-        elif clock.event_time is None or event.at > clock.event_time:
+        if clock.event_time is None or event.at > clock.event_time:
             clock.event_time = event.at
         user_clock = user.clock
-        if not ahead and (user_clock is None or event.at > user_clock):
+        if user_clock is None or event.at > user_clock:
             user_clock = event.at
         slot.user = StoredUser(
             step.state,
@@ -590,6 +637,7 @@ class Processor:
             episodes,
             user_clock,
             user.timer_close if event.type == "revealed" else None,
+            recent=self._recent_ids(user, step.at, digest),
             packed=user.packed,
         )
         slot.context = message.context
@@ -600,12 +648,45 @@ class Processor:
         batch.outputs.extend(outputs)
         self._index(partition, key, slot.user)
 
-    def _ahead(self, at: int, record_ms: int | None, wall_ms: int | None) -> bool:
-        """True when `at` runs ahead of its record's timestamp, or of the worker's clock, by
-        more than the allowed skew: a wrong client clock, which never moves a watermark."""
-        limit = self.time.max_skew_ms
-        return (record_ms is not None and record_ms > 0 and at > record_ms + limit) or (
-            wall_ms is not None and at > wall_ms + limit
+    def _recent_ids(self, user: StoredUser, at: int, digest: bytes | None) -> RecentIds:
+        """The user's remembered ids after an input applied at `at` (with the id `digest`)."""
+        config = self.config
+        window = config.dedupe_window_ms
+        if digest is None:
+            return forget_before(user.recent, at - window)
+        recent, early = remember(
+            user.recent, digest, at, window_ms=window, max_ids=config.dedupe_max_ids
+        )
+        if early:
+            self.counts["ids_forgotten_early"] += early
+        return recent
+
+    def _too_far_ahead(self, at: int, record_ms: int | None, clock_ms: int | None) -> str | None:
+        """Why an input at `at` is refused, or None: its time runs more than the allowed skew
+        ahead of the earlier of its record's timestamp and the clock of the run (a wrong device
+        clock, which must not move its user, or anyone, into the future).
+
+        The record's timestamp decides whenever it is known and not later than the clock, so
+        a live run and a backfill of the same topic decide alike; a file has no records, so
+        a replay decides by its own clock (docs/time.md).
+        """
+        if record_ms is not None and record_ms > 0:
+            if clock_ms is not None and clock_ms < record_ms:
+                reference, what = clock_ms, "the worker's clock"
+            else:
+                reference, what = record_ms, "its record's timestamp"
+        elif clock_ms is not None:
+            reference, what = clock_ms, "the clock of the run"
+        else:
+            return None
+        skew = self.time.max_skew_ms
+        if at <= reference + skew:
+            return None
+        return (
+            f"the event time {show_time(at)} runs {at - reference:,} ms ahead of {what} "
+            f"{show_time(reference)}, more than the allowed clock skew of {skew:,} ms "
+            "(ORACULAR_MAX_SKEW_MS): the device's clock is wrong; correct it, or send sentAt "
+            "(sent_at) with the event so the skew is corrected"
         )
 
     def _count_time(self, event: Event, at: int, user: StoredUser, clock: PartitionClock) -> None:
@@ -717,6 +798,7 @@ class Processor:
                 user.clock,
                 transition.closed.closed_at,
                 message.offset if message.topic == self.ticks_topic else None,
+                user.recent,
                 packed=user.packed,
             )
             slot.context = message.context

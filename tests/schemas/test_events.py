@@ -9,7 +9,13 @@ import msgpack
 import pytest
 
 from engine import Event
-from schemas.events import MAX_MESSAGE_BYTES, DecodeError, IgnoredMessage, decode_event
+from schemas.events import (
+    MAX_MESSAGE_BYTES,
+    DecodeError,
+    IgnoredMessage,
+    decode_event,
+    show_time,
+)
 
 TS = 1_767_261_600_000
 
@@ -293,3 +299,85 @@ def test_the_usual_input_takes_the_fast_path(raw):
 )
 def test_anything_unusual_takes_the_general_path(raw):
     assert _plain_event(raw) is None
+
+
+# --- device clock skew, corrected as Segment corrects it ------------------------------------
+
+DEVICE_AHEAD = 10 * 365 * 86_400_000  # a device clock ten years ahead
+SEGMENT = {"type": "track", "userId": "u1", "event": "x", "messageId": "m1"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "record_ts", "expected"),
+    [
+        # The device's clock is ten years ahead; it sent 5 s after the event; the server
+        # received it 2 s later (receivedAt): the event happened 7 s before receivedAt.
+        (
+            {
+                "timestamp": show_time(TS + DEVICE_AHEAD),
+                "sentAt": show_time(TS + DEVICE_AHEAD + 5_000),
+                "receivedAt": show_time(TS + 7_000),
+            },
+            None,
+            TS + 2_000,
+        ),
+        # No receivedAt: the Kafka record's timestamp is the time it was received.
+        (
+            {
+                "timestamp": show_time(TS + DEVICE_AHEAD),
+                "sentAt": show_time(TS + DEVICE_AHEAD + 5_000),
+            },
+            TS + 9_000,
+            TS + 4_000,
+        ),
+        # Segment's own output shape: `timestamp` is corrected already, `originalTimestamp`
+        # is the device's: correcting again from the originals gives the same time.
+        (
+            {
+                "timestamp": show_time(TS + 2_000),
+                "originalTimestamp": show_time(TS + DEVICE_AHEAD),
+                "sentAt": show_time(TS + DEVICE_AHEAD + 5_000),
+                "receivedAt": show_time(TS + 7_000),
+            },
+            TS + 60_000,
+            TS + 2_000,
+        ),
+        # Without sentAt there is nothing to correct by; a file line without receivedAt
+        # (no record) counts as received when sent.
+        ({"timestamp": show_time(TS), "receivedAt": show_time(TS + 7_000)}, TS + 9_000, TS),
+        ({"timestamp": show_time(TS), "sentAt": show_time(TS + 5_000)}, None, TS),
+    ],
+)
+def test_a_segment_message_is_corrected_for_its_device_clock(fields, record_ts, expected):
+    raw = json.dumps({**SEGMENT, **fields}).encode()
+    assert decode_event(raw, fallback_ts=record_ts).at == expected
+
+
+def test_a_native_event_is_corrected_by_sent_at_against_its_record():
+    ahead = TS + DEVICE_AHEAD
+    value = {"user": "u1", "name": "x", "ts": ahead, "sent_at": ahead + 500}
+    assert decode_event(msgpack.packb(value), fallback_ts=TS + 800).at == TS + 300
+    assert decode_event(msgpack.packb(value)).at == TS + DEVICE_AHEAD  # no record: as sent
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"timestamp": show_time(TS), "sentAt": "soon"}, "field 'sentAt' must be"),
+        (
+            {"timestamp": show_time(TS), "sentAt": show_time(TS), "receivedAt": []},
+            "field 'receivedAt'",
+        ),
+        (
+            {
+                "timestamp": "1970-01-01T00:00:01Z",
+                "sentAt": show_time(TS + 5_000),
+                "receivedAt": show_time(TS),
+            },
+            "corrected for the device's clock skew",
+        ),
+    ],
+)
+def test_a_bad_correction_field_is_refused_by_name(fields, problem):
+    with pytest.raises(DecodeError, match=problem):
+        decode_event(json.dumps({**SEGMENT, **fields}).encode(), fallback_ts=TS)

@@ -10,12 +10,14 @@ import pytest
 from hypothesis import given, settings
 
 from engine import EngineConfig, StateFormatError, create_state, observe, state_to_record
+from engine.dedupe import NO_IDS, remember
 from engine.durations import MAX_TIME_MS
 from schemas.stored import (
     STORED_VERSION,
     StoredUser,
     decode_stored,
     encode_stored,
+    id_digest,
     stored_index,
     stored_version,
 )
@@ -37,6 +39,8 @@ def _plain(user: StoredUser) -> bytes:
             user.clock,
             user.timer_close,
             user.tick_offset,
+            user.recent.hashes,
+            user.recent.times,
         ]
     )
     return value
@@ -48,8 +52,12 @@ def test_encoding_a_user_step_by_step_gives_msgpacks_bytes_of_the_whole_value(ca
     config = EngineConfig.from_dict(case.config)
     state = create_state(config)
     packed: Any = None  # handed from each StoredUser to the next, as the processor does
+    recent = NO_IDS
     for number, step in enumerate(case.steps):
         state = apply(state, step)
+        if number % 3:  # some steps remember an id, as inputs with ids do
+            digest = id_digest(f"event-{number}")
+            recent, _ = remember(recent, digest, T0 + number, window_ms=5, max_ids=4)
         user = StoredUser(
             state,
             partition=number % 3,
@@ -59,6 +67,7 @@ def test_encoding_a_user_step_by_step_gives_msgpacks_bytes_of_the_whole_value(ca
             clock=state.clock,
             timer_close=None if number % 2 else T0 + number,
             tick_offset=number if number % 4 == 0 else None,
+            recent=recent,
             packed=packed,
         )
         encoded = encode_stored(user)
@@ -96,9 +105,11 @@ _CONFIG = EngineConfig.from_dict(
 
 
 def _value() -> list[Any]:
-    """A real stored value (msgpack-decoded) with an open episode, evidence and counts."""
+    """A real stored value (msgpack-decoded) with an open episode, evidence, counts and a
+    remembered id."""
     state = observe(create_state(_CONFIG), "pricing.viewed", T0)
-    user = StoredUser(state, 0, 5, 1, 0, T0, None, 3)
+    recent, _ = remember(NO_IDS, id_digest("e1"), T0, window_ms=1000, max_ids=10)
+    user = StoredUser(state, 0, 5, 1, 0, T0, None, 3, recent)
     value: list[Any] = msgpack.unpackb(encode_stored(user))
     return value
 
@@ -129,6 +140,9 @@ _HEADER_CORRUPTIONS = {
     "clock -1": _set(7, -1),
     "timer close past MAX_TIME_MS": _set(8, MAX_TIME_MS + 1),
     "tick offset -1": _set(9, -1),
+    "recent hashes not bytes": _set(10, "x" * 8),
+    "recent hashes cut": _set(10, b"1234567"),
+    "recent times missing one": _set(11, b""),
 }
 _STATE_CORRUPTIONS = {
     "state clock past MAX_TIME_MS": _set(4, 2, MAX_TIME_MS + 1),
@@ -157,7 +171,7 @@ def test_a_header_number_out_of_its_range_makes_the_value_unreadable(corrupt):
     value = _value()
     corrupt(value)
     raw = msgpack.packb(value)
-    with pytest.raises(StateFormatError, match="does not have its 10 fields"):
+    with pytest.raises(StateFormatError, match="does not have its 12 fields"):
         decode_stored(raw, _CONFIG)
     with pytest.raises(StateFormatError):
         stored_index(raw)
@@ -190,5 +204,23 @@ def test_the_uncorrupted_value_reads_back():
     raw = msgpack.packb(_value())
     user = decode_stored(raw, _CONFIG)
     assert (user.last_offset, user.clock, user.tick_offset) == (5, T0, 3)
+    assert id_digest("e1") in user.recent and id_digest("e2") not in user.recent
     assert stored_index(raw).open_since == T0
     assert stored_version(raw) == (5, 0)
+
+
+def test_a_version_2_value_reads_back_with_no_remembered_ids():
+    """Values written before deduplication by id (ten fields) are read as they were."""
+    value = _value()
+    raw = msgpack.packb([2, *value[1:10]])
+    user = decode_stored(raw, _CONFIG)
+    assert (user.last_offset, user.inputs, user.tick_offset) == (5, 1, 3)
+    assert user.recent == NO_IDS
+    assert stored_index(raw).open_since == T0
+    assert stored_version(raw) == (5, 0)
+
+
+def test_version_0_is_refused_by_name():
+    raw = msgpack.packb([0, *_value()[1:]])
+    with pytest.raises(StateFormatError, match="version 0 is not one this worker reads"):
+        decode_stored(raw, _CONFIG)

@@ -86,7 +86,7 @@ def test_batch_applies_events_and_stores_each_user_once(config):
     assert processor.counts["applied"] == 3
 
 
-def test_redelivered_messages_are_skipped_as_duplicates(config):
+def test_redelivered_messages_are_skipped_as_redelivered(config):
     """An offset at or below the user's last applied offset is not applied again."""
     table, processor = DictTable(), _processor(config)
     messages = [
@@ -96,7 +96,7 @@ def test_redelivered_messages_are_skipped_as_duplicates(config):
     before, writes = table.partitions[0][b"u1"], table.writes
     outputs = _run(processor, table, messages[1:])  # a redelivery after a crash
     assert outputs == [] and table.partitions[0][b"u1"] == before
-    assert processor.counts["duplicates"] == 2 and processor.counts["applied"] == 3
+    assert processor.counts["redelivered"] == 2 and processor.counts["applied"] == 3
     # The unchanged state is written again, so the changelog catches up with the local store.
     assert table.writes == writes + 1
 
@@ -283,7 +283,7 @@ def test_a_moved_deadline_is_filed_again_once_its_old_entry_is_due(config):
         _message(i, {"id": f"e{i}", "user": "u1", "name": "pricing.viewed", "ts": TS + i * MIN})
         for i in range(5)
     ]
-    _run(processor, table, events, wall=TS)
+    _run(processor, table, events, wall=TS + 4 * MIN)
     moved = TS + 4 * MIN + 30 * MIN
     assert processor.open == {0: {b"u1": moved}}
     assert processor.deadlines[0] == [(TS + 30 * MIN, b"u1")]
@@ -396,9 +396,9 @@ def test_inputs_are_counted_per_partition_and_closed_episodes_per_reason(config)
         ("late", 3): 1,
         ("dead_lettered", 3): 1,
         ("ignored", 3): 1,
-        ("duplicates", 3): 1,
+        ("redelivered", 3): 1,
     }
-    for outcome in ("applied", "late", "dead_lettered", "ignored", "duplicates"):
+    for outcome in ("applied", "late", "dead_lettered", "ignored", "redelivered"):
         total = sum(n for (name, _), n in processor.by_partition.items() if name == outcome)
         assert processor.counts[outcome] == total, outcome
     assert processor.closed_by_reason == {"end": 1, "timeout": 1}

@@ -478,10 +478,10 @@ async def test_reveal_appends_a_command_keyed_by_user(pair, http, config) -> Non
 async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     a, _ = pair
     a.node.counters.update(
-        {"applied": 12, "duplicates": 1, "late": 2, "closed_by_timer": 3, "weird-name": 2}
+        {"applied": 12, "redelivered": 1, "late": 2, "closed_by_timer": 3, "weird-name": 2}
     )
     a.node.partition_counters.update(
-        {("applied", 0): 5, ("applied", 5): 7, ("duplicates", 5): 1, ("late", 5): 2}
+        {("applied", 0): 5, ("applied", 5): 7, ("redelivered", 5): 1, ("late", 5): 2}
     )
     a.node.reasons.update({"timeout": 3})
     a.api.metrics.batch(0.004, 10)
@@ -499,7 +499,7 @@ async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     # included; late inputs per partition too, and no unlabelled copy of either.
     assert samples['oracular_inputs_total{outcome="applied",partition="0"}'] == 5
     assert samples['oracular_inputs_total{outcome="applied",partition="5"}'] == 7
-    assert samples['oracular_inputs_total{outcome="duplicates",partition="5"}'] == 1
+    assert samples['oracular_inputs_total{outcome="redelivered",partition="5"}'] == 1
     assert samples['oracular_inputs_total{outcome="dead_lettered",partition="1"}'] == 0
     assert samples['oracular_inputs_total{outcome="ignored",partition="0"}'] == 0
     assert samples['oracular_late_total{partition="5"}'] == 2

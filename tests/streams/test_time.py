@@ -81,9 +81,11 @@ class Live:
         self.outputs += [decode_output(o.value) for o in batch.outputs]
 
     def by_id(self) -> dict[str, dict]:
+        """Predictions and episodes by id (dead letters, which have none, left out)."""
         found: dict[str, dict] = {}
         for message in self.outputs:
-            assert found.setdefault(message["id"], message) == message
+            if "error" not in message:
+                assert found.setdefault(message["id"], message) == message
         return found
 
     def states(self) -> dict[str, object]:
@@ -93,9 +95,12 @@ class Live:
         }
 
 
-def replayed(events, until=END_OF_TIME, config=CONFIG):
-    outputs, run = replay_outputs(config, events, until=until)
-    return {o.message["id"]: _json_like(o.message) for o in outputs}, run.states()
+def replayed(events, until=END_OF_TIME, config=CONFIG, clock=END_OF_TIME // 2):
+    """The replay's outputs by id and final states; `clock` is the run's clock (as `Live`'s
+    default wall clock, so no event runs ahead of it unless a test says so)."""
+    outputs, run = replay_outputs(config, events, until=until, clock_ms=clock)
+    by_id = {o.message["id"]: _json_like(o.message) for o in outputs if "error" not in o.message}
+    return by_id, run.states()
 
 
 def _json_like(message: dict) -> dict:
@@ -162,22 +167,31 @@ def test_the_wall_clock_moves_only_an_idle_caught_up_partition():
     assert live.outputs[-1]["closed_at"] == old + TIMEOUT
 
 
-def test_a_clock_years_ahead_moves_the_watermark_only_to_its_record_time():
-    """One client's wrong clock closes nobody else's episode; its own event applies as is."""
+def test_a_clock_years_ahead_is_dead_lettered_and_moves_nobody():
+    """One client's wrong clock closes nobody else's episode and does not drag its own user
+    into the future: the event is dead-lettered with the skew, as a replay does with it."""
     live = Live(TimePolicy(lateness_ms=MIN, idle_ms=END_OF_TIME, max_skew_ms=MIN))
     ahead = TS + 3 * 365 * 24 * 60 * MIN
     live.send(event("a", TS), record_ms=TS)
     live.send(event("bad", ahead), record_ms=TS + MIN)
+    live.send(event("a", ahead, n=2), record_ms=TS + 2 * MIN)  # a's own clock is wrong once
     live.tick(TS + MIN, caught_up=False)
     live.send(event("a", TS + 10 * MIN, n=1), record_ms=TS + 10 * MIN)
     counts = live.processor.counts
-    assert counts["clock_ahead"] == 1 and counts["closed_early"] == 0
+    assert counts["clock_ahead"] == 2 and counts["dead_lettered"] == 2
+    assert counts["closed_early"] == 0 and counts["late"] == 0
     assert live.processor.clocks[0].event_time == TS + 10 * MIN
-    expected, states = replayed(
-        [event("a", TS), event("bad", ahead), event("a", TS + 10 * MIN, n=1)]
-    )
+    letters = [o for o in live.outputs if "error" in o]
+    assert [o["offset"] for o in letters] == [1, 2]
+    assert "runs 94,607,940,000 ms ahead of its record's timestamp" in letters[0]["error"]
+    assert "ORACULAR_MAX_SKEW_MS" in letters[0]["error"]
+    sent = [event("a", TS), event("bad", ahead), event("a", ahead, n=2)]
+    sent.append(event("a", TS + 10 * MIN, n=1))
+    expected, states = replayed(sent, clock=TS + 10 * MIN)  # a file: the run's clock bounds
     live.finish()
     assert live.by_id() == expected and live.states() == states
+    without, _ = replayed([sent[0], sent[3]])
+    assert expected == without  # the same as if the wrong-clock events had never been sent
 
 
 def test_a_tick_during_a_catch_up_closes_by_event_time():
