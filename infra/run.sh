@@ -42,10 +42,10 @@ finish() {
         echo "== run $RUN_ID: the worker logged no counters; see $LOG"
         return
     fi
-    local handled=$(($(count applied) + $(count duplicates) + $(count dead_lettered) + $(count ignored)))
+    local handled=$(($(count applied) + $(count redelivered) + $(count duplicate_id) + $(count dead_lettered) + $(count ignored)))
     cat <<EOF
 == summary of run $RUN_ID (the worker's final counters)
-   inputs:       $sent messages in $SAMPLE; the worker applied $(count applied), late $(count late), duplicates $(count duplicates), ignored $(count ignored)
+   inputs:       $sent messages in $SAMPLE; the worker applied $(count applied), late $(count late), redelivered $(count redelivered), retried ids $(count duplicate_id), ignored $(count ignored)
 EOF
     if ((handled < sent)); then
         echo "                 (it stopped before reading them all: $((sent - handled)) not read yet)"

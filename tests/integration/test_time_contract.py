@@ -33,6 +33,7 @@ from engine import END_OF_TIME, EngineConfig, Event
 from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output, episode_id
+from streams.offline import replay_outputs
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker, Record
@@ -212,9 +213,14 @@ async def settled_states(
 
 
 async def assert_equals_replay(
-    dep: Deployment, expected: Expected, *, covered: Callable[[str], bool] = lambda user: True
+    dep: Deployment,
+    expected: Expected,
+    *,
+    covered: Callable[[str], bool] = lambda user: True,
+    dead_letters: Sequence[str] = (),
 ) -> tuple[list[Record], dict[str, bytes]]:
-    """Every output and final state of the `covered` users is the replay's; no dead letters.
+    """Every output and final state of the `covered` users is the replay's; dead letters
+    only those expected (one per text in `dead_letters`, its error containing the text).
     Returns all output records and final states (of every user)."""
     mine = restrict(expected, covered)
     records = await collect_outputs(dep, mine.messages)
@@ -226,7 +232,10 @@ async def assert_equals_replay(
     )
     states = await settled_states(dep, expected, covered=covered)
     letters = await read_all(dep.bootstrap, dep.topics.dlq.name)
-    assert not letters, f"dead letters for good input: {[r.value for r in letters[:5]]}"
+    errors = sorted(decode_output(r.value)["error"] for r in letters)
+    assert len(errors) == len(dead_letters), f"dead letters for good input: {errors[:5]}"
+    for error, text in zip(errors, sorted(dead_letters), strict=True):
+        assert text in error, error
     return records, states
 
 
@@ -290,14 +299,14 @@ async def test_a_clock_years_off_affects_only_what_the_contract_says(
 ) -> None:
     """A history at 1,000/s with one user's event dated years ahead and one years behind.
 
-    The far-ahead event runs more than max_skew ahead of its record's timestamp: it never moves
-    its partition's watermark (counted `clock_ahead`) and is applied for its user at its own
-    time, as the replay applies it. That holds whether records are stamped in the stream's own
-    time ("stamped-by-stream", as `oracular produce` stamps them) or with today's wall clock
-    while the history is months old ("stamped-now", an upstream catching up): nobody at all
-    differs from the replay. Not the far-ahead user (its episode's deadline is years away, so
-    neither run closes it), not the far-behind one (its episode is long due, so the timer
-    closes it at the deadline the replay's end closes it at), nor anyone else.
+    The far-ahead event runs more than max_skew ahead of its record's timestamp: it is
+    dead-lettered with its skew (counted `clock_ahead`), moves neither its partition's
+    watermark nor its own user into the future, and the replay dead-letters it too (a file
+    has no records: by the run's clock). That holds whether records are stamped in the
+    stream's own time ("stamped-by-stream", as `oracular produce` stamps them) or with today's
+    wall clock while the history is months old ("stamped-now", an upstream catching up):
+    nobody at all differs from the replay. Not the far-behind user either (its episode is long
+    due, so the timer closes it at the deadline the replay's end closes it at).
     """
     dep = deployment(kafka, request.node.name)
     config = dep.config
@@ -314,10 +323,15 @@ async def test_a_clock_years_off_affects_only_what_the_contract_says(
     stream_time = before[-1].at
     marks = sentinels(events[-1].at + 30 * DAY_MS)
     order = [*before, ahead, *after[:middle], behind, *after[middle:], *marks]
-    expected = expected_outputs(config, order, until=marks[0].at - DEFAULT_LATENESS_MS)
-    # The far-ahead user's episode stays open in the replay too; only the end of time closes it.
-    assert not [m for m in expected.episodes.values() if m["user"] == ahead_user]
-    assert [m for m in expected_outputs(config, order).episodes.values() if m["user"] == ahead_user]
+    kept = [e for e in order if e is not ahead]
+    expected = expected_outputs(config, kept, until=marks[0].at - DEFAULT_LATENESS_MS)
+    # The replay of everything sent dead-letters the far-ahead event and gives the same.
+    replayed, run = replay_outputs(config, order, until=marks[0].at - DEFAULT_LATENESS_MS)
+    assert run.counts["clock_ahead"] == 1 and run.counts["dead_lettered"] == 1
+    assert {o.message["id"] for o in replayed if o.role != "dlq"} == {
+        *expected.predictions,
+        *expected.episodes,
+    }
 
     def stamp(event: Event) -> int | None:
         if stamped_now:
@@ -330,10 +344,10 @@ async def test_a_clock_years_off_affects_only_what_the_contract_says(
     await produce_paced(
         kafka, dep.topics.events.name, [timed(e, stamp(e)) for e in order], rate=1_000
     )
-    await assert_equals_replay(dep, expected)
+    await assert_equals_replay(dep, expected, dead_letters=["ms ahead of its record's timestamp"])
     assert worker.stop() == 0
     counts = last_summary(worker.log_text())
-    assert counts["clock_ahead"] == 1, counts
+    assert counts["clock_ahead"] == 1 and counts["dead_lettered"] == 1, counts
     assert counts["behind_watermark"] == 1, counts  # the far-behind event
     assert counts["closed_early"] == 0, counts
 
@@ -670,7 +684,8 @@ async def test_backfill_of_newer_then_older_data_equals_the_replay(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"complete: applied={len(events)}, duplicates=0, dead_lettered=0" in done.stderr
+    handled = f"applied={len(events)}, redelivered=0, duplicate_id=0, dead_lettered=0"
+    assert f"complete: {handled}" in done.stderr
     assert "closed_early=0" in done.stderr and "behind_watermark=0" in done.stderr
 
     # The backfill has exited: everything it published is on the broker.
