@@ -1,8 +1,9 @@
 """What the chaos run must end with, checked against the input topic and the offline replay.
 
 The accounting. The input topic, read back, is the ground truth: every record is labelled by
-the generation (its bytes are unique), never by the product's decoder. An offset holds either
-a good event or a malformed message, and must be accounted for exactly once:
+the generation (its bytes are unique), never by the product's decoder. An offset holds a good
+event, a producer's retry of one (the same id again) or a malformed message, and must be
+accounted for exactly once:
 
 - a malformed message is *dead-lettered*: a DLQ record names its (partition, offset) and
   carries its original key and bytes; no output derives from it;
@@ -10,7 +11,9 @@ a good event or a malformed message, and must be accounted for exactly once:
   that user's good events (which applies each exactly once), the stored last offset of the user
   is the offset of its last good event, the stored count of applied inputs (when the stored
   format has one) equals its number of good events, and when the replay publishes a prediction
-  for the event, that prediction id is among the outputs; it is not in the DLQ.
+  for the event, that prediction id is among the outputs; it is not in the DLQ;
+- a retry is *skipped*: its user's applied count and state are those of the good events alone
+  (the replay, given the retries too, skips them the same way), and it is not in the DLQ.
 
 A good event that was lost changes its user's state (or at least the inputs count and, when it
 is the last, the last offset) and usually removes a prediction id; one applied twice changes
@@ -84,6 +87,8 @@ class Input:
     """Label (event id or bad:<kind>#n) -> (partition, offset)."""
     good: dict[tuple[int, int], Message]
     bad: dict[tuple[int, int], Message]
+    retried: dict[tuple[int, int], Message]
+    """Producers' retries: a good event's id again."""
     ends: dict[int, int]
     problems: list[str]
 
@@ -96,6 +101,7 @@ def label_input(
     rank = {m.value: n for n, m in enumerate(generated)}
     good: dict[tuple[int, int], Message] = {}
     bad: dict[tuple[int, int], Message] = {}
+    retried: dict[tuple[int, int], Message] = {}
     at: dict[str, tuple[int, int]] = {}
     problems: list[str] = []
     last_rank: dict[int, int] = {}
@@ -114,13 +120,14 @@ def label_input(
         if rank[m.value] < last_rank.get(r.partition, -1):
             problems.append(f"{where}: {m.label} is out of its generated (time) order")
         last_rank[r.partition] = rank[m.value]
-        (good if m.event is not None else bad)[where] = m
+        kind = retried if m.retry is not None else good if m.event is not None else bad
+        kind[where] = m
         at[f"{m.label}#{rank[m.value]}" if m.bad else m.label] = where
     for p, end in ends.items():
-        have = sorted(o for (q, o) in list(good) + list(bad) if q == p)
+        have = sorted(o for (q, o) in [*good, *bad, *retried] if q == p)
         if have != list(range(end)):
             problems.append(f"partition {p}: offsets are not 0..{end - 1} ({len(have)} records)")
-    return Input(at, good, bad, ends, problems)
+    return Input(at, good, bad, retried, ends, problems)
 
 
 async def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
@@ -155,6 +162,8 @@ def run_replay(config_path: Path, events: Sequence[Message], until: int, workdir
             e = m.event
             assert e is not None
             line: dict[str, Any] = {"id": e.id, "user": e.user, "ts": e.at, "type": e.type}
+            if m.retry is not None:
+                line["attempt"] = 2  # as sent: a retry of the event, with its id
             if e.name is not None:
                 line["name"] = e.name
             if e.intent is not None:
@@ -162,6 +171,9 @@ def run_replay(config_path: Path, events: Sequence[Message], until: int, workdir
             handle.write(json.dumps(line) + "\n")
     argv = [sys.executable, "-m", "streams.cli", "replay", str(source), "--config"]
     argv += [str(config_path), "--until", str(until), "--out", str(out), "--states", str(states)]
+    # The replay runs while the stream is still produced, its events dated up to minutes
+    # ahead: its clock (for the bound on clocks running ahead) is the end of the stream.
+    argv += ["--clock", str(until)]
     subprocess.run([*argv, "--quiet"], cwd=REPO_ROOT, check=True, timeout=REPLAY_TIMEOUT_S)
     messages: dict[str, dict[str, Any]] = {}
     dead: list[dict[str, Any]] = []
@@ -185,14 +197,14 @@ def run_replay(config_path: Path, events: Sequence[Message], until: int, workdir
 
 def check_produced(inp: Input, generated: Sequence[Message], withheld: Sequence[Message]) -> Row:
     """The topic holds every generated message once, in order (the harness's own check)."""
-    missing = len(generated) - len(withheld) - len(inp.good) - len(inp.bad)
+    missing = len(generated) - len(withheld) - len(inp.good) - len(inp.bad) - len(inp.retried)
     problems = list(inp.problems)
     if missing:
         problems.append(f"{missing} generated messages are not in the topic (send failures)")
     total = sum(inp.ends.values())
     detail = (
         f"{total} records on {len(inp.ends)} partitions: {len(inp.good)} good, "
-        f"{len(inp.bad)} malformed"
+        f"{len(inp.retried)} retried, {len(inp.bad)} malformed"
     )
     if withheld:
         names = ", ".join(f"{m.label} of {m.event.user}" for m in withheld if m.event)
@@ -225,6 +237,31 @@ def check_dead_letters(inp: Input, letters: Sequence[Record], topic: str) -> Row
         ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
     )
     return Row("dead letters = the malformed messages", not problems, detail, problems)
+
+
+def check_retries(inp: Input, stored: dict[str, Any], dlq_offsets: set[Any]) -> Row:
+    """Every producer's retry skipped: not dead-lettered, and its user's applied count is
+    that of the good events alone (a retry applied again would raise it)."""
+    problems = []
+    good: Counter[str] = Counter(m.event.user for m in inp.good.values() if m.event)
+    for where, m in sorted(inp.retried.items()):
+        assert m.event is not None
+        user = m.event.user
+        if where in dlq_offsets:
+            problems.append(f"{where}: the retry of {m.event.id} was dead-lettered")
+        inputs = getattr(stored.get(user), "inputs", None)
+        if inputs is not None and inputs != good[user]:
+            problems.append(
+                f"{where}: user {user} applied {inputs} inputs for {good[user]} good events "
+                f"(the retry of {m.event.id}, {m.retry}, counted again?)"
+            )
+    kinds = Counter(m.retry for m in inp.retried.values())
+    detail = (
+        f"{len(inp.retried)} retries ({kinds['once']} at once, {kinds['later']} seconds later) "
+        f"of {len({m.event.user for m in inp.retried.values() if m.event})} users: "
+        "none applied again or dead-lettered"
+    )
+    return Row("retried events applied once", not problems and bool(inp.retried), detail, problems)
 
 
 def changelog_users(records: Iterable[Record], config: EngineConfig) -> dict[str, Any]:

@@ -223,7 +223,8 @@ class Run:
             chaos.restart_at_s = self.stream_began + plan.produce_s * chaos.rng.uniform(0.3, 0.6)
         fleet.note(
             f"stream: {len(to_send)} messages, {sum(m.bad is not None for m in self.stream)} "
-            f"malformed, {len({m.event.user for m in self.stream if m.event})} users, over "
+            f"malformed, {sum(m.retry is not None for m in self.stream)} retried, "
+            f"{len({m.event.user for m in self.stream if m.event})} users, over "
             f"{(until - self.start_ms) / 1000:.0f} s"
             + (f"; broker restart at {chaos.restart_at_s:.0f} s" if chaos.restart_at_s else "")
         )
@@ -288,6 +289,7 @@ class Run:
                         inp, stored, replay, seen, dlq_offsets, self.since_began
                     ),
                     checks.check_dead_letters(inp, letters, topic),
+                    checks.check_retries(inp, stored, dlq_offsets),
                     checks.check_states(stored, replay),
                     checks.check_changelog_order(log, config),
                     out_row,
@@ -313,7 +315,11 @@ def _withheld(plan: Plan, stream: list[Message], rng: random.Random) -> list[Mes
         return []
     assert plan.inject == "drop", f"CHAOS_INJECT={plan.inject}: only 'drop' is known"
     middle = stream[len(stream) // 3 : 2 * len(stream) // 3]
-    signals = [m for m in middle if m.event is not None and m.event.name not in (None, *FILLER)]
+    signals = [
+        m
+        for m in middle
+        if m.event is not None and m.retry is None and m.event.name not in (None, *FILLER)
+    ]
     return [rng.choice(signals)]
 
 

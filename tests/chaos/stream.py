@@ -1,10 +1,17 @@
-"""The chaos stream: good events paced at real time, with malformed messages mixed in.
+"""The chaos stream: good events paced at real time, with malformed messages and producer
+retries mixed in.
 
 Every message is generated from the seed, with times relative to the stream's start; `place`
 pins them to the wall clock when production begins. Good events stay inside the product's
 live == replay contract: each message's Kafka record timestamp is its event time, the stream is
 globally time-ordered (so every partition is), and it is produced at real time (an event is sent
 when the wall clock reaches its time), so no input is older than the worker's clock allows.
+
+Producers deliver at least once: a share of the good events is sent again with the same id
+(`RETRIED`), half right after the original and half a few seconds later, as an SDK retrying a
+batch or a relay restarted from an older position does. Each retry must be skipped
+(`duplicate_id`): applied once, never dead-lettered. A retry carries one extra field the worker
+ignores (`attempt`), which keeps it labelled apart from its original.
 
 Every message's bytes are unique, so the read-back input topic can be labelled by generation
 alone (`Message.label`), never by the product's own decoder.
@@ -32,6 +39,7 @@ BAD_KINDS = (
     "oversized",  # a message over the 64 KiB limit
     "long_user",  # a 600-character user id (over the 512-character limit)
     "bad_ts",  # "ts" that is neither epoch ms nor ISO-8601
+    "far_future",  # a well-formed event dated 2036: a device clock years ahead
 )
 """The malformed messages the suite mixes in; each must reach the dead-letter topic."""
 
@@ -41,6 +49,9 @@ SESSION_EVENTS = (2, 8)
 SIGN_OUT = 0.3  # a session ends with an `end` command this often
 REVEALED = 0.08  # filler events that are `revealed` commands instead
 JSON_SHARE = 0.1  # good events sent as JSON rather than msgpack
+RETRIED = 0.03  # good events a producer sends a second time, with the same id
+RETRY_LATER_MS = (1_000, 15_000)  # how much later a "later" retry is sent
+YEAR_2036_MS = 2_082_758_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +64,15 @@ class Message:
     value: bytes
     event: Event | None = None
     bad: str | None = None
+    retry: str | None = None
+    """For a producer's retry of a good event: "once" (sent right after it) or "later"."""
 
     @property
     def label(self) -> str:
-        """The event id, or `bad:<kind>`."""
+        """The event id (`retry:<id>` for a retry), or `bad:<kind>`."""
         if self.event is not None:
             assert self.event.id is not None
-            return self.event.id
+            return self.event.id if self.retry is None else f"retry:{self.event.id}"
         return f"bad:{self.bad}"
 
 
@@ -95,7 +108,9 @@ def generate(
     timeline = [item for item in timeline if item[0] < duration_ms][:events]
     good = [_good(n, item, rng) for n, item in enumerate(timeline)]
     bad = [_bad(rng, kind, good, n) for n, kind in enumerate(_bad_kinds(rng, events, bad_share))]
-    return sorted(good + bad, key=lambda m: m.at)
+    retries = [_retry(m, rng) for m in good if rng.random() < RETRIED]
+    # Stable: a retry sent "once" (at its original's time) stays after the original.
+    return sorted(good + bad + retries, key=lambda m: m.at)
 
 
 def place(messages: list[Message], start_ms: int) -> list[Message]:
@@ -105,9 +120,12 @@ def place(messages: list[Message], start_ms: int) -> list[Message]:
         at = m.at + start_ms
         if m.event is not None:
             e = m.event
-            event = Event(e.user, at, name=e.name, type=e.type, intent=e.intent, id=e.id)
+            event_at = e.at + start_ms  # a later retry keeps its original's event time
+            event = Event(e.user, event_at, name=e.name, type=e.type, intent=e.intent, id=e.id)
             as_json = m.value[:1] == b"{"
-            placed.append(Message(at, m.key, encode_event(event, as_json=as_json), event=event))
+            extra = {} if m.retry is None else {"attempt": 2}
+            value = encode_event(event, as_json=as_json, **extra)
+            placed.append(Message(at, m.key, value, event=event, retry=m.retry))
         else:
             placed.append(Message(at, m.key, _rebase(m.value, at), bad=m.bad))
     return placed
@@ -155,6 +173,16 @@ def _good(n: int, item: tuple[int, int, str, str | None], rng: random.Random) ->
         event = Event(uid, at, type="end", id=f"c{n}")
     as_json = rng.random() < JSON_SHARE
     return Message(at, uid.encode(), encode_event(event, as_json=as_json), event=event)
+
+
+def _retry(original: Message, rng: random.Random) -> Message:
+    """The producer sending `original` again: right after it, or a few seconds later."""
+    assert original.event is not None
+    kind = "once" if rng.random() < 0.5 else "later"
+    at = original.at if kind == "once" else original.at + rng.randint(*RETRY_LATER_MS)
+    as_json = original.value[:1] == b"{"
+    value = encode_event(original.event, as_json=as_json, attempt=2)
+    return Message(at, original.key, value, event=original.event, retry=kind)
 
 
 def _mean_session() -> float:
@@ -205,6 +233,8 @@ def _bad(rng: random.Random, kind: str, good: list[Message], n: int) -> Message:
         long_user = f"{tag}-" + "u" * 600
         key = long_user.encode()
         value = json.dumps({**body, "user": long_user}).encode()
+    elif kind == "far_future":
+        value = json.dumps({**body, "ts": YEAR_2036_MS}).encode()
     else:  # bad_ts
         value = json.dumps({**body, "ts": f"yesterday-{_TS}"}).encode()
     return Message(host.at, key, value, bad=kind)
