@@ -14,9 +14,16 @@ KAFKA_PORT ?= 9092
 KAFKA_DIR ?= var/kafka
 BROKER = $(PY) -m infra.broker --dir $(KAFKA_DIR)
 
+# The local three-node cluster (infra/cluster.py): node n on CLUSTER_PORT + 2(n-1), its
+# controller on the next port; CLUSTER_PORT=0 picks free ports. The bootstrap list is written
+# to $(CLUSTER_DIR)/bootstrap.txt.
+CLUSTER_PORT ?= 19092
+CLUSTER_DIR ?= var/cluster
+CLUSTER = $(PY) -m infra.cluster --dir $(CLUSTER_DIR)
+
 PYTEST_ARGS ?=
 
-.PHONY: help setup kafka broker-up broker-down topics test test-fast lint typecheck check run \
+.PHONY: help setup kafka broker-up broker-down cluster-up cluster-down topics test test-fast lint typecheck check run \
 	bench clean distclean chaos
 
 help: ## list the targets
@@ -40,6 +47,12 @@ broker-up: kafka ## start the local broker on 127.0.0.1:9092 (KAFKA_PORT=0: free
 
 broker-down: ## stop the local broker (its topics stay in var/kafka; `make clean` wipes them)
 	@if [ -x $(PY) ]; then $(BROKER) down; fi
+
+cluster-up: kafka ## start a local 3-broker KRaft cluster (RF 3, min.insync.replicas=2) on 19092-19097
+	@$(CLUSTER) up --port $(CLUSTER_PORT)
+
+cluster-down: ## stop the local 3-broker cluster (its data stays in var/cluster; `make clean` wipes it)
+	@if [ -x $(PY) ]; then $(CLUSTER) down; fi
 
 topics: broker-up ## create the product topics on the local broker (idempotent)
 	@$(BROKER) topics
@@ -76,7 +89,7 @@ bench: setup ## run the benchmarks (python -m bench) if the project has them
 	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("bench") is None)'; \
 		then $(PY) -m bench; else echo "no bench module yet"; fi
 
-clean: broker-down ## stop the broker; delete its data, worker state and tool caches
+clean: broker-down cluster-down ## stop the broker; delete its data, worker state and tool caches
 	rm -rf var/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ build/ dist/ *.egg-info
 
 distclean: clean ## clean, and also delete .venv and the Kafka jars
