@@ -186,19 +186,32 @@ class Cluster:
     def restart(self, node_id: int, ready_timeout: float = READY_TIMEOUT_S) -> float:
         """Start a stopped or killed node again on its data dir and ports; wait until it
         answers and the metadata lists it. Returns the seconds that took."""
-        node = self.node(node_id)
         started = time.monotonic()
+        self.relaunch(node_id)
+        self.wait_back(node_id, ready_timeout)
+        return time.monotonic() - started
+
+    def relaunch(self, node_id: int) -> None:
+        """Launch a stopped or killed node again (same data dir and ports); do not wait.
+
+        Call it from the thread that started the cluster: with `stop_with_parent` the node
+        gets SIGTERM when the thread that launched it ends (Linux's parent-death signal).
+        """
+        node = self.node(node_id)
         node.broker = spawn(self.lib, node.workdir, node.port, tie=self.tie)
-        broker = node.broker
-        wait_ready(node.bootstrap, lambda: node.running, broker.log_path, ready_timeout)
-        deadline = started + ready_timeout
+
+    def wait_back(self, node_id: int, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until a relaunched node answers and the cluster's metadata lists it."""
+        node = self.node(node_id)
+        assert node.broker is not None
+        deadline = time.monotonic() + timeout_s
+        wait_ready(node.bootstrap, lambda: node.running, node.broker.log_path, timeout_s)
         while node_id not in self.broker_ids():
             if time.monotonic() > deadline:
                 msg = f"node {node_id} answers but is not in the cluster's metadata"
                 raise BrokerError(msg)
             time.sleep(0.25)
         self.killed.pop(node_id, None)
-        return time.monotonic() - started
 
     def stop(self, *, wipe: bool = False, timeout: float = 20.0) -> None:
         """Stop every node (SIGTERM, then SIGKILL); `wipe` also deletes their data."""
