@@ -640,7 +640,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return run_cli(_parser(), argv)
+
+
+def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Run the subcommand `parser` parses; a BrokerError is one line on stderr and exit 1."""
+    args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
     except BrokerError as exc:

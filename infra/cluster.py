@@ -51,6 +51,7 @@ from infra.broker import (
     probe,
     require_java_17,
     require_tools,
+    run_cli,
     server_properties,
     spawn,
     wait_ready,
@@ -440,12 +441,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_down(args: argparse.Namespace) -> int:
     cluster = find_cluster(args.dir)
-    if cluster is None:
+    if cluster is not None:
+        say(f"stopping the nodes on {cluster.bootstrap}")
+        cluster.stop(wipe=args.wipe)
+        say("stopped" + (" and wiped their data" if args.wipe else ""))
+    else:
         say(f"no cluster running from {args.dir}")
-        return 0
-    say(f"stopping the nodes on {cluster.bootstrap}")
-    cluster.stop(wipe=args.wipe)
-    say("stopped" + (" and wiped their data" if args.wipe else ""))
     return 0
 
 
@@ -489,13 +490,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        code: int = args.run(args)
-    except BrokerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return code
+    return run_cli(_parser(), argv)
 
 
 if __name__ == "__main__":
