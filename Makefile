@@ -63,11 +63,13 @@ test: setup kafka ## all tests, integration included (they start their own broke
 test-fast: setup ## the tests that need no broker
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# The full chaos run (tests/chaos, docs/operations.md "Running several workers"): about five
-# minutes, its own broker (restarted once), each run's logs kept in var/chaos/<start time>/ (a
-# rerun must not overwrite a failed run's evidence; `make clean` deletes them).
+# The full chaos runs (tests/chaos, docs/operations.md "Running several workers" and "Running on
+# a real cluster"): about five minutes each, one on its own broker (restarted once), one on a
+# three-broker cluster (the leader broker killed with SIGKILL and restarted); each run's logs
+# kept in var/chaos/<start time>/ (a rerun must not overwrite a failed run's evidence; `make
+# clean` deletes them). One of them: PYTEST_ARGS=-kfailover (or -k"not failover").
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
-chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
+chaos: setup kafka ## the full chaos runs: workers killed/stopped/frozen, a broker restart, a failover
 	@mkdir -p var/chaos
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
 		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
