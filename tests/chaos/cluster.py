@@ -83,6 +83,8 @@ class Failover:
     moved_s: float | None = None
     back_s: float | None = None
     in_sync_s: float | None = None
+    error: str | None = None
+    """Why the failover did not complete (a bounded wait that ran out)."""
 
     def restart(self) -> None:  # the Restartable protocol; FailoverChaos calls `fail_over`
         raise NotImplementedError
@@ -152,10 +154,15 @@ class FailoverChaos(Chaos):
     """The chaos of scenario.py, whose one broker fault is `Failover.fail_over`."""
 
     async def _restart_broker(self) -> None:
-        assert isinstance(self.broker, Failover)
-        await self.broker.fail_over(self)
+        failover = self.broker
+        assert isinstance(failover, Failover)
         self.restarted = True
         self._count("leader broker SIGKILL")
+        try:
+            await failover.fail_over(self)
+        except (AssertionError, BrokerError) as exc:  # reported by failover_row
+            failover.error = str(exc).splitlines()[0]
+            self.fleet.note(f"FAILED failover: {failover.error}")
 
 
 class BrokerOnlyChaos(FailoverChaos):
@@ -219,7 +226,8 @@ def replication_row(failover: Failover) -> Row:
 
 def failover_row(failover: Failover) -> Row:
     if failover.killed_at is None or failover.in_sync_s is None:
-        return Row("leader broker killed and back", False, "the failover did not complete")
+        why = failover.error or "the failover did not happen"
+        return Row("leader broker killed and back", False, f"did not complete: {why}", [why])
     kinds = sorted({p.topic.rsplit("-", 1)[-1].rsplit(".", 1)[-1] for p in failover.led})
     detail = (
         f"broker {failover.node} (led {len(failover.led)} partitions: {', '.join(kinds)}"
@@ -237,7 +245,9 @@ async def stall_row(failover: Failover) -> Row:
     """The input stall: the longest any prediction came out after its event's time, for the
     events due from `AROUND_KILL_S` before the kill on (and the longest gap between outputs)."""
     dep = failover.dep
-    assert dep is not None and failover.killed_at is not None
+    assert dep is not None
+    if failover.killed_at is None:
+        return Row("input stall (time to recover)", False, "no broker was killed")
     async with TopicReader(failover.cluster.live_bootstrap(), dep.outputs) as reader:
         records = await reader.read_to_end()
     stall = input_stall(records, failover.killed_at)
