@@ -393,7 +393,10 @@ def server_properties(
         **SINGLE_NODE_SETTINGS,
         **(overrides or {}),
     }
-    header = "# Written by infra/broker.py on every `up`; edit SINGLE_NODE_SETTINGS there.\n"
+    header = (
+        "# Written by infra/broker.py on every `up`; edit SINGLE_NODE_SETTINGS there "
+        "(a cluster node: CLUSTER_SETTINGS in infra/cluster.py).\n"
+    )
     return header + "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
