@@ -14,9 +14,16 @@ KAFKA_PORT ?= 9092
 KAFKA_DIR ?= var/kafka
 BROKER = $(PY) -m infra.broker --dir $(KAFKA_DIR)
 
+# The local three-node cluster (infra/cluster.py): node n on CLUSTER_PORT + 2(n-1), its
+# controller on the next port; CLUSTER_PORT=0 picks free ports. The bootstrap list is written
+# to $(CLUSTER_DIR)/bootstrap.txt.
+CLUSTER_PORT ?= 19092
+CLUSTER_DIR ?= var/cluster
+CLUSTER = $(PY) -m infra.cluster --dir $(CLUSTER_DIR)
+
 PYTEST_ARGS ?=
 
-.PHONY: help setup kafka broker-up broker-down topics test test-fast lint typecheck check run \
+.PHONY: help setup kafka broker-up broker-down cluster-up cluster-down topics test test-fast lint typecheck check run \
 	bench clean distclean chaos
 
 help: ## list the targets
@@ -41,6 +48,12 @@ broker-up: kafka ## start the local broker on 127.0.0.1:9092 (KAFKA_PORT=0: free
 broker-down: ## stop the local broker (its topics stay in var/kafka; `make clean` wipes them)
 	@if [ -x $(PY) ]; then $(BROKER) down; fi
 
+cluster-up: kafka ## start a local 3-broker KRaft cluster (RF 3, min.insync.replicas=2) on 19092-19097
+	@$(CLUSTER) up --port $(CLUSTER_PORT)
+
+cluster-down: ## stop the local 3-broker cluster (its data stays in var/cluster; `make clean` wipes it)
+	@if [ -x $(PY) ]; then $(CLUSTER) down; fi
+
 topics: broker-up ## create the product topics on the local broker (idempotent)
 	@$(BROKER) topics
 
@@ -50,11 +63,13 @@ test: setup kafka ## all tests, integration included (they start their own broke
 test-fast: setup ## the tests that need no broker
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# The full chaos run (tests/chaos, docs/operations.md "Running several workers"): about five
-# minutes, its own broker (restarted once), each run's logs kept in var/chaos/<start time>/ (a
-# rerun must not overwrite a failed run's evidence; `make clean` deletes them).
+# The full chaos runs (tests/chaos, docs/operations.md "Running several workers" and "Running on
+# a real cluster"): about five minutes each, one on its own broker (restarted once), one on a
+# three-broker cluster (the leader broker killed with SIGKILL and restarted); each run's logs
+# kept in var/chaos/<start time>/ (a rerun must not overwrite a failed run's evidence; `make
+# clean` deletes them). One of them: PYTEST_ARGS=-kfailover (or -k"not failover").
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
-chaos: setup kafka ## the full chaos run: workers killed/stopped/frozen, a broker restart; nothing lost
+chaos: setup kafka ## the full chaos runs: workers killed/stopped/frozen, a broker restart, a failover
 	@mkdir -p var/chaos
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full -s -p no:cacheprovider \
 		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
@@ -76,7 +91,7 @@ bench: setup ## run the benchmarks (python -m bench) if the project has them
 	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("bench") is None)'; \
 		then $(PY) -m bench; else echo "no bench module yet"; fi
 
-clean: broker-down ## stop the broker; delete its data, worker state and tool caches
+clean: broker-down cluster-down ## stop the broker; delete its data, worker state and tool caches
 	rm -rf var/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ build/ dist/ *.egg-info
 
 distclean: clean ## clean, and also delete .venv and the Kafka jars

@@ -393,7 +393,10 @@ def server_properties(
         **SINGLE_NODE_SETTINGS,
         **(overrides or {}),
     }
-    header = "# Written by infra/broker.py on every `up`; edit SINGLE_NODE_SETTINGS there.\n"
+    header = (
+        "# Written by infra/broker.py on every `up`; edit SINGLE_NODE_SETTINGS there "
+        "(a cluster node: CLUSTER_SETTINGS in infra/cluster.py).\n"
+    )
     return header + "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -476,6 +479,21 @@ def _launch(lib: Path, properties: Path, workdir: Path, *, tie: bool) -> subproc
         )
 
 
+def spawn(lib: Path, workdir: Path, port: int, *, tie: bool) -> Broker:
+    """Launch kafka.Kafka on `workdir`'s server.properties (storage formatted); do not wait.
+
+    Writes the pid and address files at once: with them a later `up` or `down` finds this
+    broker even if the caller is interrupted before it is ready. infra/cluster.py launches its
+    nodes with this too.
+    """
+    process = _launch(lib, workdir / "server.properties", workdir, tie=tie)
+    broker = Broker(pid=process.pid, port=port, workdir=workdir, process=process)
+    pid_path(workdir).write_text(f"{process.pid}\n")
+    bootstrap_path(workdir).write_text(broker.bootstrap + "\n")
+    say(f"started kafka.Kafka (pid {process.pid}); log: {broker.log_path}")
+    return broker
+
+
 def start_broker(
     workdir: Path = DEFAULT_RUNTIME_DIR,
     port: int | None = None,
@@ -516,13 +534,9 @@ def start_broker(
     started = time.monotonic()
     _format_storage(lib, properties, workdir)
     formatted = time.monotonic()
-    process = _launch(lib, properties, workdir, tie=stop_with_parent)
-    broker = Broker(pid=process.pid, port=client_port, workdir=workdir, process=process)
-    # Both files at once: with them a later `up` or `down` finds this broker even if we are
-    # interrupted before it is ready.
-    pid_path(workdir).write_text(f"{process.pid}\n")
-    bootstrap_path(workdir).write_text(broker.bootstrap + "\n")
-    say(f"started kafka.Kafka (pid {process.pid}); log: {broker.log_path}")
+    broker = spawn(lib, workdir, client_port, tie=stop_with_parent)
+    process = broker.process
+    assert process is not None
     try:
         wait_ready(broker.bootstrap, lambda: process.poll() is None, broker.log_path, ready_timeout)
     except BaseException:  # including Ctrl-C: leave no half-started broker behind
@@ -629,7 +643,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return run_cli(_parser(), argv)
+
+
+def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Run the subcommand `parser` parses; a BrokerError is one line on stderr and exit 1."""
+    args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
     except BrokerError as exc:

@@ -63,8 +63,14 @@ async def produce_events(
         BrokerError: the broker went away.
     """
     shift = 0 if now_ms is None or not events else now_ms - max(e.at for e in events)
+    # Idempotent: a batch retried after a lost acknowledgement (a leader that moved) is not
+    # written twice. A copy would be a new offset, applied as a second event.
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(client or {})
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        **(client or {}),
     )
     try:
         with quiet_aiokafka():

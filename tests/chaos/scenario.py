@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -151,9 +152,20 @@ async def produce_paced(
 
 
 async def run(
-    plan: Plan, bootstrap: str, workdir: Path, broker: Restartable | None = None
+    plan: Plan,
+    bootstrap: str,
+    workdir: Path,
+    broker: Restartable | None = None,
+    *,
+    settings: Mapping[str, str] | None = None,
+    prepare: Callable[[Deployment], Awaitable[None]] = Deployment.create_topics,
+    chaos_type: type[Chaos] = Chaos,
 ) -> list[Row]:
-    """The whole scenario; returns the result rows (printed as a table too)."""
+    """The whole scenario; returns the result rows (printed as a table too).
+
+    `settings` are extra worker settings, `prepare` creates the deployment's topics, and
+    `chaos_type` injects the faults (tests/chaos/cluster.py's failover sets all three).
+    """
     began = time.monotonic()
     print(
         f"\n[chaos] CHAOS_SEED={plan.seed} (replay this run: CHAOS_SEED={plan.seed} "
@@ -164,8 +176,8 @@ async def run(
     )
     rng = random.Random(plan.seed)
     config = load_config(CONFIG)
-    dep = deployment(bootstrap, "chaos", config_path=CONFIG)
-    await dep.create_topics()
+    dep = deployment(bootstrap, "chaos", config_path=CONFIG, settings=settings)
+    await prepare(dep)
     generated = generate(
         config,
         events=plan.events,
@@ -175,7 +187,7 @@ async def run(
     )
     fleet = make_fleet(dep, workdir, plan.workers)
     fleet.started = began
-    chaos = Chaos(fleet, rng, SESSION_TIMEOUT_S, plan.fault_gap_s)
+    chaos = chaos_type(fleet, rng, SESSION_TIMEOUT_S, plan.fault_gap_s)
     try:
         await asyncio.gather(*(fleet.start(n) for n in range(plan.workers)))
         run = Run(plan, dep, fleet, chaos, workdir, began, generated)
