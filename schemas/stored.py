@@ -17,9 +17,8 @@ Version 3 (written by this worker):
 - `inputs`, `episodes`: how many inputs were applied to the user and how many of its
   episodes closed. Output ids are built from them (see `schemas.outputs`), so they are the
   same in a live run, a backfill and a replay of the same events.
-- `clock`: the user's latest event time as far as it may move its partition's watermark
-  (capped for clocks running ahead, see docs/time.md); the partition's watermark after a
-  restart is the largest of these.
+- `clock`: the user's latest event time (an input dated too far ahead is dead-lettered, never
+  applied: docs/time.md); the partition's watermark after a restart is the largest of these.
 - `timer_close`: when the timer (not the user's own event) closed the user's last episode,
   its close time, else None. A later event of the user at or before it shows the close came
   too early: counted as `closed_early` (see docs/time.md).
@@ -75,7 +74,7 @@ class StoredUser:
     episodes: int = 0
     """Episodes of this user closed so far."""
     clock: int | None = None
-    """The latest event time of this user that counts toward its partition's watermark."""
+    """The latest event time of this user (it counts toward its partition's watermark)."""
     timer_close: int | None = None
     """The close time of the user's last episode when the timer closed it, else None."""
     tick_offset: int | None = None

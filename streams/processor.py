@@ -112,7 +112,7 @@ class PartitionClock:
     """One input partition's time."""
 
     event_time: int | None = None
-    """The largest event time applied on it (capped for clocks running ahead)."""
+    """The largest event time applied on it."""
     last_input_wall: int | None = None
     """Wall time (ms) the partition last had input, or was assigned to this worker."""
     watermark: int | None = None
