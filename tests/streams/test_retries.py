@@ -17,24 +17,14 @@ from streams.offline import replay_outputs
 from streams.processor import Processor, TimePolicy
 
 from .test_processor import EVENTS, MIN, TICKS, TS, DictTable, _message, _run
+from .test_time import CONFIG, NAMES
 
 HOUR = 60 * MIN
 DAY = 24 * HOUR
-CONFIG = {
-    "episodeTimeout": "30m",
-    "intents": {
-        "upgrade": {
-            "signals": {"pricing.viewed": 3, "limit.hit": 2},
-            "outcome": "upgrade.completed",
-            "halfLife": "7d",
-        }
-    },
-}
-NAMES = ("pricing.viewed", "limit.hit", "page.viewed", "upgrade.completed")
 
 
 def _config(**extra) -> EngineConfig:
-    return EngineConfig.from_dict({**CONFIG, **extra})
+    return EngineConfig.from_dict({**CONFIG.to_dict(), **extra})
 
 
 def _processor(config: EngineConfig) -> Processor:
