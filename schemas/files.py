@@ -13,7 +13,8 @@ from typing import Any, BinaryIO, Final, Literal
 
 import msgpack
 
-from engine import Event
+from engine import EngineConfig, Event
+from engine.dedupe import NO_IDS, RecentIds, remember
 from schemas.events import (
     MAX_MESSAGE_BYTES,
     DecodeError,
@@ -21,6 +22,7 @@ from schemas.events import (
     decode_message,
     event_from_message,
 )
+from schemas.stored import id_digest
 
 FileFormat = Literal["jsonl", "msgpack", "csv"]
 
@@ -427,15 +429,24 @@ def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
 
 
 def read_sorted_events(
-    path: Path, fmt: FileFormat, columns: CsvColumns | None = None
+    path: Path,
+    fmt: FileFormat,
+    columns: CsvColumns | None = None,
+    *,
+    config: EngineConfig | None = None,
 ) -> list[Event]:
     """Every event of `path`, which must parse and be sorted by time within each user.
+
+    With `config`, a producer's retry (an id the user had within the config's `dedupeWindow`)
+    is left out, as the worker and `oracular replay` skip it, wherever it stands in the file.
 
     Raises:
         EventFileError: at the first unparseable or out-of-order line, naming it.
     """
     events: list[Event] = []
     last: dict[str, tuple[int, str]] = {}
+    recent: dict[str, RecentIds] = {}
+    window = 0 if config is None else config.dedupe_window_ms
     with path.open("rb") as handle:
         for line in _named(path, read_lines(handle, fmt, columns)):
             if line.ignored:
@@ -444,6 +455,14 @@ def read_sorted_events(
                 msg = f"{path}: {line.error}"
                 raise EventFileError(msg)
             event = line.event
+            if window > 0 and event.id is not None and config is not None:
+                digest = id_digest(event.id)
+                ids = recent.get(event.user, NO_IDS)
+                if digest in ids:
+                    continue
+                at = max(event.at, last[event.user][0]) if event.user in last else event.at
+                ids, _ = remember(ids, digest, at, window_ms=window, max_ids=config.dedupe_max_ids)
+                recent[event.user] = ids
             previous = last.get(event.user)
             if previous is not None and event.at < previous[0]:
                 msg = (

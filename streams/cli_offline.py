@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from engine import END_OF_TIME, Event
+from engine import END_OF_TIME, EngineConfig, Event
 from schemas.config import load_config
 from schemas.events import DecodeError
 from schemas.events import _time as parse_time
@@ -143,13 +143,14 @@ def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
     input_arguments(parser)
 
 
-def _sorted_events(args: argparse.Namespace) -> list[Event] | None:
+def _sorted_events(args: argparse.Namespace, config: EngineConfig) -> list[Event] | None:
     path = Path(args.events)
     if not path.is_file():
         print(f"oracular: no such events file {path}", file=sys.stderr)
         return None
     try:
-        return read_sorted_events(path, file_format(path, args.format), columns(args))
+        fmt = file_format(path, args.format)
+        return read_sorted_events(path, fmt, columns(args), config=config)
     except EventFileError as exc:
         print(f"oracular: {exc}", file=sys.stderr)
         return None
@@ -242,7 +243,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from engine.tune import format_report, report_to_dict, tune
 
     config = load_config(args.config)
-    events = _sorted_events(args)
+    events = _sorted_events(args, config)
     if events is None:
         return EXIT_USAGE
     reports = tune(
@@ -263,7 +264,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from engine.evaluate import evaluate, format_scores
 
     config = load_config(args.config)
-    events = _sorted_events(args)
+    events = _sorted_events(args, config)
     if events is None:
         return EXIT_USAGE
     result = evaluate(config, events)

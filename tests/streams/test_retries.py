@@ -3,6 +3,7 @@ moves nobody, and the deduplication survives a restore and equals the replay."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine import END_OF_TIME, EngineConfig, Event
 from engine.dedupe import ENTRY_BYTES, NO_IDS, forget_before, remember
+from schemas.files import read_sorted_events
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored, id_digest
 from streams.offline import replay_outputs
@@ -274,3 +276,20 @@ def test_dedupe_settings_round_trip_and_stay_out_of_a_default_config():
     config = _config(dedupeWindow="2h", dedupeMaxIds=50)
     assert (config.dedupe_window_ms, config.dedupe_max_ids) == (2 * HOUR, 50)
     assert EngineConfig.from_dict(config.to_dict()) == config
+
+
+def test_tune_and_evaluate_read_a_file_without_its_retries(tmp_path):
+    """The analysis tools see the events the worker applies: a retry, even one sent after
+    the user's later events (which would otherwise break the per-user time order), is left
+    out by the config's window; without a config every line counts."""
+    config = _config()
+    events = [
+        Event("u1", TS, name="pricing.viewed", id="a"),
+        Event("u1", TS + MIN, name="limit.hit", id="b"),
+    ]
+    lines = [_value(e) for e in (events[0], events[0], events[1], events[0])]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert read_sorted_events(path, "jsonl", config=config) == events
+    with pytest.raises(Exception, match="sort the file by time"):
+        read_sorted_events(path, "jsonl")
