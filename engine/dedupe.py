@@ -72,17 +72,25 @@ def remember(
     `at` must not be earlier than the newest remembered time (a user's clock never runs back),
     and `max_ids` is at least 1.
     """
-    recent = forget_before(recent, at - window_ms)
-    early = max(len(recent) + 1 - max_ids, 0)
-    start = early * ENTRY_BYTES
+    keep_from = _first_at_or_after(recent, at - window_ms)
+    early = max(len(recent) - keep_from + 1 - max_ids, 0)
+    start = (keep_from + early) * ENTRY_BYTES
     times = recent.times[start:] + at.to_bytes(ENTRY_BYTES, "big")
     return RecentIds(recent.hashes[start:] + digest, times), early
 
 
 def forget_before(recent: RecentIds, cutoff: int) -> RecentIds:
     """`recent` without the ids applied before `cutoff` (the same object if none is)."""
-    if not recent or recent.time_at(0) >= cutoff:
+    keep_from = _first_at_or_after(recent, cutoff)
+    if keep_from == 0:
         return recent
-    keep_from = bisect_left(range(len(recent)), cutoff, key=recent.time_at)
     start = keep_from * ENTRY_BYTES
     return RecentIds(recent.hashes[start:], recent.times[start:])
+
+
+def _first_at_or_after(recent: RecentIds, cutoff: int) -> int:
+    """The index of the first id applied at or after `cutoff` (`len(recent)` if none is)."""
+    times = recent.times
+    if not times or int.from_bytes(times[:ENTRY_BYTES], "big") >= cutoff:
+        return 0  # the usual case: nothing has left the window
+    return bisect_left(range(len(times) // ENTRY_BYTES), cutoff, key=recent.time_at)
