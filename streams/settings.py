@@ -119,8 +119,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "a caught-up partition without input this long runs its clock on with the wall "
             "clock, so silent users close on time", "--idle-ms"),
     Setting("max_skew_ms", "ORACULAR_MAX_SKEW_MS", int, 60_000,
-            "an event time may run this far ahead of its record's timestamp and still move "
-            "the watermark", "--max-skew-ms"),
+            "an input's time may run this far ahead of its record's timestamp (and of the "
+            "worker's clock); further ahead it is dead-lettered (`clock_ahead`), so a wrong "
+            "device clock moves no user into the future (docs/time.md)", "--max-skew-ms"),
     Setting("output_format", "ORACULAR_OUTPUT_FORMAT", str, "msgpack",
             "msgpack or json, on the output topics", "--output-format"),
     Setting("web_port", "ORACULAR_WEB_PORT", int, None,
