@@ -124,7 +124,9 @@ async def produce_paced(
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
-        request_timeout_ms=90_000,  # outlives the broker restart
+        # Outlives the broker restart, also on a machine so busy that the restarted broker
+        # took over 80 s to start (load average 14 on 2 cores: a send timed out at 90 s).
+        request_timeout_ms=300_000,
         max_request_size=2**20,
     )
     await producer.start()
