@@ -32,10 +32,11 @@ DEFAULT_MAX_IDS: Final = 1000
 """Most ids remembered per user by default (16,000 bytes)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: its __init__ cost a third of `remember`
 class RecentIds:
     """A user's remembered ids: `hashes` and `times` hold one 8-byte big-endian entry per id,
-    oldest first; `times` never decreases (a user's applied time never runs backwards)."""
+    oldest first; `times` never decreases (a user's applied time never runs backwards).
+    Never changed once built (`remember` builds a new one), like the engine's states."""
 
     hashes: bytes = b""
     times: bytes = b""
@@ -72,11 +73,16 @@ def remember(
     `at` must not be earlier than the newest remembered time (a user's clock never runs back),
     and `max_ids` is at least 1.
     """
-    keep_from = _first_at_or_after(recent, at - window_ms)
-    early = max(len(recent) - keep_from + 1 - max_ids, 0)
-    start = (keep_from + early) * ENTRY_BYTES
-    times = recent.times[start:] + at.to_bytes(ENTRY_BYTES, "big")
-    return RecentIds(recent.hashes[start:] + digest, times), early
+    hashes, times = recent.hashes, recent.times
+    start = 0
+    if times and int.from_bytes(times[:ENTRY_BYTES], "big") < at - window_ms:
+        start = _first_at_or_after(recent, at - window_ms) * ENTRY_BYTES
+    early = max((len(hashes) - start) // ENTRY_BYTES + 1 - max_ids, 0)
+    start += early * ENTRY_BYTES
+    stamp = at.to_bytes(ENTRY_BYTES, "big")
+    if start:
+        return RecentIds(hashes[start:] + digest, times[start:] + stamp), early
+    return RecentIds(hashes + digest, times + stamp), early
 
 
 def forget_before(recent: RecentIds, cutoff: int) -> RecentIds:
