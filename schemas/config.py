@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from importlib import resources
@@ -37,16 +38,36 @@ def load_config(path: str | Path) -> EngineConfig:
     try:
         obj = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError
-        raise ConfigError([(str(path), f"not valid {_format(path)}: {_reason(exc)}")]) from exc
+        reason = _reason(exc).replace('"<unicode string>"', str(path)).replace("\n", " ")
+        raise ConfigError(
+            [(str(path), f"not valid {_format(path)}: {' '.join(reason.split())}")]
+        ) from exc
     except RecursionError as exc:
         msg = f"not valid {_format(path)}: its maps and lists nest too deeply to read"
         raise ConfigError([(str(path), msg)]) from exc
+    if obj is None:
+        msg = "the file is empty: a config is a mapping with `intents:` (examples/oracular.yaml)"
+        raise ConfigError([(str(path), msg)])
     try:
         return EngineConfig.from_dict(obj)
     except ConfigError as exc:
         raise ConfigError(
-            [(f"{path}: {where}" if where else str(path), what) for where, what in exc.problems]
+            [
+                (f"{path}: {where}" if where else str(path), _with_hint(where, what))
+                for where, what in exc.problems
+            ]
         ) from exc
+
+
+def _with_hint(where: str, what: str) -> str:
+    """An unknown key's problem with the closest allowed key (`halfLive`: did you mean
+    halfLife?)."""
+    head, sep, choices = what.partition("; expected one of ")
+    if head != "unknown key" or not sep:
+        return what
+    key = where.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(key, choices.split(", "), n=1, cutoff=0.6)
+    return f"unknown key (did you mean {close[0]}?); expected one of {choices}" if close else what
 
 
 def config_schema() -> dict[str, Any]:

@@ -7,6 +7,20 @@ from pathlib import Path
 from engine.evaluate import Evaluation
 
 
+def supported_formats() -> set[str]:
+    """The file suffixes matplotlib can write (png, pdf, svg, ...).
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib  # noqa: PLC0415 - optional dependency
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    return set(Figure().canvas.get_supported_filetypes())
+
+
 def plot_evaluation(evaluation: Evaluation, path: str | Path) -> None:
     """Draw one row per intent: calibration (left), effective weights over time (right).
 

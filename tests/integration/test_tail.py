@@ -82,7 +82,7 @@ def test_tail_follows_a_prefixed_runs_suffixed_outputs(kafka, name):
         ]
     )
     assert (
-        "tail: 1 prediction (1 reveal: upgrade 1), 1 episode closed (1 by timeout), "
+        "tail: 1 prediction (1 reveal: upgrade 1), 1 episode closed (1 timed out), "
         "1 dead letter" in pretty.stderr
     )
 
