@@ -333,6 +333,14 @@ def run_topics_delete(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     client = settings.client_kwargs()
     wanted = args.run_or_prefix
+    if wanted == BY_NAME["topic_prefix"].default and not args.yes and not args.dry_run:
+        return fail(
+            "topics",
+            f"{wanted!r} is the default prefix (the topics `oracular worker` uses unless told "
+            "otherwise)",
+            "add --yes to delete them, or --dry-run to see them",
+            EXIT_REFUSED,
+        )
     _require_broker(settings)
     topics = run(list_topics(settings.broker, client)) or []
     doomed = [t.name for t in topics if belongs(t.name, wanted)]
@@ -343,15 +351,6 @@ def run_topics_delete(args: argparse.Namespace) -> int:
             f"no topic belongs to {wanted!r}{did_you_mean(wanted, runs)}",
             "`oracular topics list` shows the runs",
             EXIT_NOTHING,
-        )
-    default = BY_NAME["topic_prefix"].default
-    if wanted == default and not args.yes and not args.dry_run:
-        return fail(
-            "topics",
-            f"{wanted!r} is the default prefix (the topics `oracular worker` uses unless told "
-            "otherwise)",
-            "add --yes to delete them, or --dry-run to see them",
-            EXIT_REFUSED,
         )
     plan = run(plan_reset(settings.broker, wanted, Path("/nonexistent"), client))
     for name in doomed:
@@ -662,6 +661,8 @@ def run_produce(args: argparse.Namespace) -> int:
 @kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
     """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
+    import signal
+
     from streams.kafkatools import run, tail_topics
     from streams.pretty import Filter, Tally
 
@@ -671,6 +672,10 @@ def run_tail(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail("tail", f"--topics: {exc}", "or give full topic names")
     _require_broker(settings, topics)
+    # SIGTERM, and SIGINT even when started ignoring it (a background job of a script, as in
+    # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     tally = Tally() if args.pretty else None
     keep = Filter(frozenset(args.user or ()), frozenset(args.intent or ()), args.reveals)
     run(

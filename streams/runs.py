@@ -63,6 +63,10 @@ async def list_topics(bootstrap: str, client: Mapping[str, Any] | None = None) -
         with quiet_aiokafka():
             await consumer.start()
         names = sorted(t for t in await consumer.topics() if not t.startswith("__"))
+        # The consumer tracks the partitions of the topics it is told about only.
+        for name in names:
+            consumer._client.add_topic(name)
+        await consumer._client.force_metadata_update()
         tps = [
             TopicPartition(name, p)
             for name in names

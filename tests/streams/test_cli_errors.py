@@ -319,7 +319,8 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (
             ["check-config", str(broken)],
-            f"not valid YAML: while parsing a flow node expected the node content, but found '<stream end>' in {broken}, line 2",
+            f"not valid YAML: while parsing a flow node expected the node content, but found "
+            f"'<stream end>' in {broken}, line 2",
         ),
         (["check-config", str(tmp / "nope.yaml")], "cannot read the config file: No such file"),
         (
