@@ -102,7 +102,9 @@ def test_tail_refuses_a_prefix_or_suffix_whose_topics_the_broker_does_not_have(k
     missing = _tail(kafka, "--topic-prefix", prefix, "--topics", "predictions")  # no suffix
     assert missing.returncode == EXIT_UNAVAILABLE
     [line] = missing.stderr.splitlines()
-    assert f"topic {prefix}.predictions does not exist on " in line
+    assert f"topic {prefix}.predictions (did you mean {prefix}.predictions.bf?) does not " in line
     wrong = _tail(kafka, "--topic-prefix", prefix, "--output-suffix", ".x", "--topics", "dlq")
     assert wrong.returncode == EXIT_UNAVAILABLE
-    assert f"topic {prefix}.events.dlq.x does not exist on " in wrong.stderr
+    assert f"topic {prefix}.events.dlq.x (did you mean {prefix}.events.dlq.bf?) does " in (
+        wrong.stderr
+    )

@@ -5,6 +5,7 @@ or is interrupted, `produce` onto a topic that already has data, `topics list/de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -186,9 +187,13 @@ class _RunSh:
         return code
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        """Whatever is left of the run (its worker, its tail) is killed."""
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        self.process.wait()
+        self._reader.join(10.0)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
 
 
 @pytest.fixture
