@@ -168,8 +168,8 @@ class Tally:
             predictions += " (no reveals)"
         episodes = plural(self.kinds["episode"], "episode") + " closed"
         if self.closes:
-            each = (f"{n:,} {CLOSE_REASONS.get(r, r)}" for r, n in sorted(self.closes.items()))
-            episodes += f" ({', '.join(each)})"
+            reasons = (f"{n:,} {CLOSE_REASONS.get(r, r)}" for r, n in sorted(self.closes.items()))
+            episodes += f" ({', '.join(reasons)})"
         parts = [predictions, episodes, plural(self.kinds["dead letter"], "dead letter")]
         if self.kinds["unknown"]:
             parts.append(plural(self.kinds["unknown"], "other message"))
