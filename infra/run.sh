@@ -66,7 +66,8 @@ EOF
                  among the batches, so that split differs from run to run; the total does not
    dead letters: $(count dead_lettered) in $RUN_ID.events.dlq
    see them again:  $ORACULAR tail --pretty --from-beginning --topic-prefix $RUN_ID --idle 5
-   forget the run:  $ORACULAR reset $RUN_ID   (its state; \`make clean\` deletes all runs' topics)
+   forget the run:  $ORACULAR reset $RUN_ID && $ORACULAR topics delete $RUN_ID
+                    (its state, then its topics; \`make clean\` deletes every run's)
 EOF
 }
 trap finish EXIT

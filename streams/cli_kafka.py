@@ -615,6 +615,7 @@ def run_produce(args: argparse.Namespace) -> int:
     from streams.backfill import capture_range
     from streams.kafkatools import produce_events, read_events, run
     from streams.pretty import plural
+    from streams.settings import BY_NAME
 
     settings = kafka_settings(args)
     path = Path(args.events)
@@ -632,16 +633,18 @@ def run_produce(args: argparse.Namespace) -> int:
     client = settings.client_kwargs()
     _require_broker(settings, [topic])
     held = run(capture_range(settings.broker, topic, None, client)).total
+    prefix = topic.removesuffix(".events")
+    if prefix == BY_NAME["topic_prefix"].default:
+        prefix += " --yes"
     if held:
         # A second `produce --now` of the same file: its events are older than the first
         # one's, so a worker that applied those counts them late and behind its watermark.
         print(
-            f"oracular produce: warning: {topic} already holds {held:,} messages; a worker "
-            "that applied them takes these as late input (and a second `--now` copy of a file "
-            "as different users' sessions overlapping in time). To start over, use a new "
-            "--topic-prefix and app id (`make run` does), or stop the worker and run "
-            f"`oracular reset {settings.app_id}` and `oracular topics delete "
-            f"{topic.removesuffix('.events')}`",
+            f"oracular produce: warning: {topic} already holds {held:,} messages — a worker "
+            "that applied them takes these as late input (a second `--now` copy of a file "
+            "lands behind the first in event time). To start over, use a new --topic-prefix "
+            "and app id (`make run` does), or stop the worker and run "
+            f"`oracular reset {settings.app_id}` and `oracular topics delete {prefix}`",
             file=sys.stderr,
         )
     progress = Progress("produce", enabled=not args.quiet)
@@ -673,9 +676,10 @@ def run_tail(args: argparse.Namespace) -> int:
         return fail("tail", f"--topics: {exc}", "or give full topic names")
     _require_broker(settings, topics)
     # SIGTERM, and SIGINT even when started ignoring it (a background job of a script, as in
-    # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally. Once:
+    # `make run` sends SIGTERM after the terminal's SIGINT, and the tally must still come out.
+    signal.signal(signal.SIGINT, _stop_once)
+    signal.signal(signal.SIGTERM, _stop_once)
     tally = Tally() if args.pretty else None
     keep = Filter(frozenset(args.user or ()), frozenset(args.intent or ()), args.reveals)
     run(
@@ -695,6 +699,15 @@ def run_tail(args: argparse.Namespace) -> int:
     if tally is not None:
         print(f"tail: {tally.summary()}", file=sys.stderr)
     return 0
+
+
+def _stop_once(signum: int, frame: Any) -> None:
+    """A signal handler: KeyboardInterrupt for the first SIGINT or SIGTERM, the rest ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:

@@ -105,6 +105,13 @@ def _add_tune(commands: Any) -> None:
         type=float,
         help="scale of suggested weights (default: the intent's largest |w0|)",
     )
+    tune.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="also replay the events with the suggested weights (as suggested, and scaled to "
+        "the config's total |weight|) and compare AUC, Brier, reveals, precision and recall "
+        "with the config's",
+    )
     tune.set_defaults(run=run_tune)
 
 
@@ -272,6 +279,11 @@ def run_tune(args: argparse.Namespace) -> int:
         print(json.dumps([report_to_dict(r) for r in reports], indent=2))
     else:
         print("\n\n".join(format_report(r) for r in reports))
+    if args.evaluate:
+        from engine.tune import compare, format_comparison
+
+        print()
+        print(format_comparison(compare(config, events, reports)))
     return 0
 
 

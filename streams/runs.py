@@ -33,12 +33,18 @@ class TopicInfo:
         return owner(self.name)
 
 
+INTERNAL_MARKERS = ("-__", "-oracular-state-changelog")
+"""What follows the app id in its internal topics' names: Faust's own (`-__assignor-__leader`)
+and the state table's changelog (`-<streams.app.STATE_TABLE>-changelog`; not imported, which
+would load Faust)."""
+
+
 def owner(name: str) -> str:
     """The prefix or app id a topic name belongs to (`demo-1.events` -> `demo-1`,
-    `demo-1-__assignor-__leader` -> `demo-1`, `demo-1-states-changelog` -> `demo-1`)."""
+    `demo-1-__assignor-__leader` -> `demo-1`, `demo-1-oracular-state-changelog` -> `demo-1`)."""
     if "." in name:
         return name.split(".", 1)[0]
-    for marker in ("-__", "-states-changelog"):
+    for marker in INTERNAL_MARKERS:
         if marker in name:
             return name.split(marker, 1)[0]
     return name

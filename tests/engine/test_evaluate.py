@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -113,9 +114,7 @@ def test_roc_and_precision_recall_curves():
     assert roc_curve([(0.5, True)]) == [] and precision_recall_curve([(0.5, False)]) == []
     # The area under the ROC curve's steps (trapezoids: ties count a half) is roc_auc's.
     curve = roc_curve(scored)
-    area = sum(
-        (x2 - x1) * (y1 + y2) / 2 for (x1, y1), (x2, y2) in zip(curve, curve[1:], strict=False)
-    )
+    area = sum((x2 - x1) * (y1 + y2) / 2 for (x1, y1), (x2, y2) in itertools.pairwise(curve))
     assert area == pytest.approx(roc_auc(scored))
 
 

@@ -215,12 +215,18 @@ def test_make_run_notices_a_dead_worker_and_exits(run_sh):
     assert not any(line.startswith("== stopping the worker") for line in run_sh.lines)
 
 
-def test_make_run_stops_the_tail_and_the_worker_on_sigint(run_sh):
+@pytest.mark.parametrize("whom", ["script", "group"])
+def test_make_run_stops_the_tail_and_the_worker_on_sigint(run_sh, whom):
+    """`script`: as a script that started `make run` in the background would, only run.sh is
+    told (its children ignore SIGINT); `group`: Ctrl-C in a terminal, every process is."""
     run_sh.wait_for("== outputs as they arrive", RUN_START_TIMEOUT_S)
     run_sh.wait_for("  u0  ", RUN_START_TIMEOUT_S)
-    # As a script that started `make run` in the background would: only the script is told.
-    os.kill(run_sh.process.pid, signal.SIGINT)
+    if whom == "script":
+        os.kill(run_sh.process.pid, signal.SIGINT)
+    else:
+        os.killpg(run_sh.process.pid, signal.SIGINT)
     assert run_sh.finish(RUN_STOP_TIMEOUT_S) == 0
+    assert not any("Traceback" in line for line in run_sh.lines), "\n".join(run_sh.lines)
     tally = run_sh.wait_for("tail: ", 1.0)
     assert "predictions" in tally
     run_sh.wait_for("== summary of run", 1.0)

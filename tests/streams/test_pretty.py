@@ -221,3 +221,16 @@ def test_tail_filters_by_user_intent_and_reveal():
     assert [reveals(m) for m in messages] == [True, False, False, False, True]
     churn_reveals = Filter(intents=frozenset({"churn"}), reveals=True)
     assert [churn_reveals(m) for m in messages] == [False] * 5
+
+
+def test_topics_list_groups_internal_topics_with_their_app_id():
+    from streams.app import STATE_TABLE
+    from streams.runs import belongs, owner
+
+    assert owner("demo-1.events") == owner("demo-1.predictions.bf") == "demo-1"
+    assert owner(f"demo-1-{STATE_TABLE}-changelog") == "demo-1"
+    assert owner("demo-1-__assignor-__leader") == "demo-1"
+    assert belongs("demo-1.events", "demo-1") and belongs(
+        f"demo-1-{STATE_TABLE}-changelog", "demo-1"
+    )
+    assert not belongs("demo-10.events", "demo-1")
