@@ -5,6 +5,8 @@ not a panel in production."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout
@@ -18,6 +20,13 @@ from .worker_support import deployment, generate_stream, produce_events, wait_co
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HTTP_TIMEOUT_S = 15.0
+
+
+def _free_port() -> int:
+    """A port the OS handed out, closed again (Faust's web server takes no port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def scraped_names(text: str) -> set[str]:
@@ -36,7 +45,9 @@ def scraped_names(text: str) -> set[str]:
 async def test_every_metric_of_the_dashboard_and_the_alerts_is_scraped(
     kafka, request, faust_worker
 ):
-    dep = deployment(kafka, request.node.name, settings={"ORACULAR_API_PORT": "0"})
+    web_port = _free_port()
+    settings = {"ORACULAR_API_PORT": "0", "ORACULAR_WEB_PORT": str(web_port)}
+    dep = deployment(kafka, request.node.name, settings=settings)
     await dep.create_topics()
     worker = worker_for(faust_worker, dep).start()
     url = await asyncio.to_thread(api_url, worker)
@@ -48,6 +59,14 @@ async def test_every_metric_of_the_dashboard_and_the_alerts_is_scraped(
         async with http.get(f"{url}/metrics") as response:
             assert response.status == 200
             text = await response.text()
+        # --web-port serves what it promises: Faust's statistics pages.
+        async with http.get(f"http://127.0.0.1:{web_port}/") as response:
+            assert response.status == 200
+            sensors = await response.json()
+        assert any("messages_received_total" in sensor for sensor in sensors.values())
+        async with http.get(f"http://127.0.0.1:{web_port}/assignment/") as response:
+            assert response.status == 200
+            assert dep.topics.events.name in json.dumps(await response.json())
     scraped = scraped_names(text)
     used = {
         where: metric_names(expr)
