@@ -53,6 +53,11 @@ def _figure(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _unit_axes(axis: Any, xlabel: str, ylabel: str, title: str, *, top: float) -> None:
+    """An axis of rates: x from 0 to 1, y from 0 to `top` (room for the labels above 1)."""
+    axis.set(xlim=(0, 1), ylim=(0, top), xlabel=xlabel, ylabel=ylabel, title=title)
+
+
 def _calibration(axis: Any, score: IntentScore) -> None:
     """Mean p against the observed rate per bin, each bin's count written at its point and
     drawn as bars on a second axis (a zigzag of bins of 100 predictions means little)."""
@@ -78,13 +83,13 @@ def _calibration(axis: Any, score: IntentScore) -> None:
     )
     counts.set_ylabel("predictions in the bin", color="C1")
     counts.set_yscale("log")
-    axis.set(
-        xlim=(0, 1),
-        ylim=(0, 1.05),
-        xlabel="predicted p (bin mean; dotted: perfect)",
-        ylabel="observed outcome rate",
-        title=f"{score.intent}: calibration\nn={score.predictions:,}, "
+    _unit_axes(
+        axis,
+        "predicted p (bin mean; dotted: perfect)",
+        "observed outcome rate",
+        f"{score.intent}: calibration\nn={score.predictions:,}, "
         f"Brier {_figure(score.brier, 4)}, log loss {_figure(score.log_loss)}",
+        top=1.05,
     )
 
 
@@ -93,13 +98,13 @@ def _roc(axis: Any, score: IntentScore, scored: list[tuple[float, bool, bool]]) 
     axis.plot([0, 1], [0, 1], linestyle=":", color="grey")
     if curve:
         axis.plot([x for x, _ in curve], [y for _, y in curve], color="C0")
-    axis.set(
-        xlim=(0, 1),
-        ylim=(0, 1.02),
-        xlabel="false positive rate (dotted: a coin toss)",
-        ylabel="true positive rate",
-        title=f"{score.intent}: ROC, AUC {_figure(score.auc)}\n"
+    _unit_axes(
+        axis,
+        "false positive rate (dotted: a coin toss)",
+        "true positive rate",
+        f"{score.intent}: ROC, AUC {_figure(score.auc)}\n"
         f"({score.positives:,} of {score.predictions:,} followed by the outcome)",
+        top=1.02,
     )
 
 
@@ -120,13 +125,13 @@ def _precision_recall(
             xytext=(8, -4),
             color="C3",
         )
-    axis.set(
-        xlim=(0, 1),
-        ylim=(0, 1.02),
-        xlabel="recall (dotted: the base rate)",
-        ylabel="precision",
-        title=f"{score.intent}: precision/recall\nreveal: {score.reveals:,} reveals, "
+    _unit_axes(
+        axis,
+        "recall (dotted: the base rate)",
+        "precision",
+        f"{score.intent}: precision/recall\nreveal: {score.reveals:,} reveals, "
         f"precision {_figure(score.precision)}, recall {_figure(score.recall)}",
+        top=1.02,
     )
 
 

@@ -23,6 +23,8 @@ from streams.cli_common import EXIT_NOTHING, EXIT_REFUSED
 from streams.topics import product_topics
 from tests.cli import run_oracular
 
+from .test_tool_errors import _env as tool_env
+
 pytestmark = pytest.mark.integration
 
 TS = 1_767_261_600_000
@@ -32,17 +34,8 @@ RUN_STOP_TIMEOUT_S = 90.0
 
 
 def _env(kafka: str, prefix: str, tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORACULAR_")}
-    return {
-        **env,
-        "PYTHONPATH": str(REPO_ROOT),
-        "ORACULAR_BROKER": kafka,
-        "ORACULAR_TOPIC_PREFIX": prefix,
-        "ORACULAR_APP_ID": prefix,
-        "ORACULAR_PARTITIONS": "2",
-        "ORACULAR_TICK_INTERVAL_S": "0.5",
-        "ORACULAR_DATADIR": str(tmp_path / "state"),
-    }
+    """test_tool_errors' environment, with the prefix as the app id too (a run's names)."""
+    return {**tool_env(kafka, prefix, tmp_path), "ORACULAR_APP_ID": prefix}
 
 
 def _events(tmp_path: Path, n: int = 12) -> Path:
@@ -231,3 +224,43 @@ def test_make_run_stops_the_tail_and_the_worker_on_sigint(run_sh, whom):
     assert "predictions" in tally
     run_sh.wait_for("== summary of run", 1.0)
     run_sh.wait_for("inputs:       30 messages", 1.0)
+
+
+async def test_tour_step_3_literally(kafka, request, faust_worker, tmp_path):
+    """README "A 5-minute tour" step 3 as written (the worker, `produce --now`, `tail --pretty
+    --from-beginning`), on this test's own topics: started after the worker has applied every
+    event, the tail shows them all, in event-time order, and its tally has the sample's
+    predictions and reveals (the README's figures)."""
+    from .test_serving import worker_for
+    from .worker_support import PARTITIONS, deployment, wait_committed
+
+    dep = deployment(kafka, request.node.name)
+    await dep.create_topics()
+    worker_for(faust_worker, dep).start()
+    env = {**tool_env(kafka, dep.prefix, tmp_path), "ORACULAR_PARTITIONS": str(PARTITIONS)}
+    sample = str(REPO_ROOT / "examples" / "clickstream.jsonl")
+    produced, _ = await asyncio.to_thread(
+        run_oracular, "produce", sample, "--now", env=env, timeout=COMMAND_TIMEOUT_S
+    )
+    assert produced.returncode == 0, produced.stderr
+    await wait_committed(dep)  # the worker is through the sample: a tail from now shows nothing
+
+    tail, _ = await asyncio.to_thread(
+        run_oracular,
+        "tail",
+        "--pretty",
+        "--from-beginning",
+        "--idle",
+        "5",
+        env=env,
+        timeout=RUN_STOP_TIMEOUT_S,
+    )
+    assert tail.returncode == 0, tail.stderr
+    lines = tail.stdout.splitlines()
+    times = [line[:20] for line in lines]
+    assert times == sorted(times)  # event-time order across the partitions and topics
+    summary = tail.stderr.splitlines()[-1]
+    assert summary.startswith(
+        "tail: 1,534 predictions (141 reveals: churn 48, invite 7, upgrade 86), "
+    ), summary
+    assert sum("episode closed" in line for line in lines) > 0
