@@ -26,7 +26,13 @@ def load_config(path: str | Path) -> EngineConfig:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError([(str(path), f"cannot read the config file: {exc.strerror}")]) from exc
+        if isinstance(exc, FileNotFoundError):
+            what = "no such config file"  # the words every command uses for a missing file
+        elif isinstance(exc, IsADirectoryError):
+            what = "a directory, not a config file"
+        else:
+            what = f"cannot read the config file: {exc.strerror}"
+        raise ConfigError([(str(path), what)]) from exc
     try:
         text = data.decode("utf-8-sig")  # a byte order mark (some editors write one) is dropped
     except UnicodeDecodeError as exc:

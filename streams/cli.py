@@ -44,6 +44,8 @@ def _problems(command: str, what: str, problems: list[str], todo: str) -> int:
     """One problem: one line, `oracular COMMAND: WHAT: PROBLEM — TODO`. Several (a config is
     checked in one pass): that line with their count, then one indented line each."""
     if len(problems) == 1:
+        if problems[0].endswith(("no such config file", "a directory, not a config file")):
+            todo = "check the path"
         return fail(command, f"{what}: {problems[0]}", todo)
     code = fail(command, f"{what}: {len(problems)} problems", f"{todo}:")
     print("\n".join(f"  {line}" for line in problems), file=sys.stderr)

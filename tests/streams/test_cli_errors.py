@@ -322,7 +322,11 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
             f"not valid YAML: while parsing a flow node expected the node content, but found "
             f"'<stream end>' in {broken}, line 2",
         ),
-        (["check-config", str(tmp / "nope.yaml")], "cannot read the config file: No such file"),
+        (
+            ["check-config", str(tmp / "nope.yaml")],
+            "nope.yaml: no such config file — check the path",
+        ),
+        (["replay", str(events), "--config", str(tmp)], "a directory, not a config file — check"),
         (
             ["worker", "--config", str(CONFIG), "--processes", "0"],
             "argument --processes: must be at least 1",
