@@ -173,12 +173,16 @@ def _add_tail(commands: Any) -> None:
         help="print predictions, closed episodes and dead letters as they arrive",
         description="Print the output topics' messages as JSON lines (each with its `topic`;\n"
         "a dead letter's origin is `source_topic`), or with --pretty as readable lines\n"
-        "and a tally at the end, as they arrive (or from the beginning), until --max\n"
+        "and a tally at the end, in event-time order (merged across partitions within\n"
+        "--order-window seconds), as they arrive or, with --from-beginning, from each\n"
+        "topic's first message (a run that already finished), until --max\n"
         "messages or --idle seconds without one. --topic-prefix and --output-suffix follow\n"
         "a run with its own topic names (a worker's --topic-prefix, a backfill's\n"
         "--output-suffix); --topics also takes full topic names. Needs a broker and the\n"
         "topics (`make broker-up`, `make topics`; exit 69 otherwise).",
         epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20\n"
+        "  oracular tail --pretty --from-beginning --idle 10 --intent upgrade --reveals\n"
+        "  oracular tail --pretty --from-beginning --user user-00126\n"
         "  oracular tail --pretty --from-beginning --topic-prefix demo-20261130T2210\n"
         "  oracular tail --pretty --output-suffix .bf --topics predictions,episodes\n"
         "  oracular tail --topics oracular.predictions.bf,oracular.events.dlq.bf",
