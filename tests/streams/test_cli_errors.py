@@ -366,3 +366,21 @@ def test_a_config_with_several_problems_names_each_with_a_hint(tmp_path, capsys)
     assert head.startswith("oracular check-config: the config: ")
     assert head.endswith(" problems — fix the config (docs/configuration.md):")
     assert problems and all("unknown key (did you mean halfLife?)" in p for p in problems)
+
+
+def test_query_of_a_user_with_no_input_yet_prints_no_offset_none():
+    from streams.query import render
+
+    body = {
+        "user": "u9",
+        "known": False,
+        "at": TS,
+        "as_of": TS,
+        "position": {"partition": 3, "offset": None},
+        "served_by": {"worker": "http://w1", "role": "active"},
+        "config": "abc",
+        "intents": {},
+    }
+    out = io.StringIO()
+    render(body, out)
+    assert "partition 3 (no input yet)" in out.getvalue() and "None" not in out.getvalue()
