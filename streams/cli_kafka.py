@@ -423,6 +423,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     import signal
     import time
 
+    from schemas.events import show_time
     from streams.app import create_app
     from streams.backfill import Backfill, Range
 
@@ -485,7 +486,8 @@ def run_backfill(args: argparse.Namespace) -> int:
         # The timer closed what was due by these (docs/time.md): `oracular replay --until`
         # the same value gives the same outputs.
         print(
-            f"backfill final watermark: {min(marks)} .. {max(marks)} (epoch ms, per partition)",
+            f"backfill final watermark: {show_time(min(marks))} .. {show_time(max(marks))} "
+            f"({min(marks)} .. {max(marks)} epoch ms, per partition)",
             file=sys.stderr,
         )
     return 0 if plan.reached else 1
