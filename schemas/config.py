@@ -44,7 +44,7 @@ def load_config(path: str | Path) -> EngineConfig:
     try:
         obj = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError
-        reason = _reason(exc).replace('"<unicode string>"', str(path)).replace("\n", " ")
+        reason = _reason(exc).replace('in "<unicode string>", ', "").replace("\n", " ")
         raise ConfigError(
             [(str(path), f"not valid {_format(path)}: {' '.join(reason.split())}")]
         ) from exc
@@ -91,6 +91,10 @@ def _reason(exc: ValueError | yaml.YAMLError) -> str:
     """What the parser refused. A ValueError that is not a JSONDecodeError comes from a value's
     own conversion: an integer literal too long for `int` (Python refuses more than 4,300
     digits) or a YAML date that does not exist (`2024-13-45`); its text has no position."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and exc.problem_mark:
+        mark = exc.problem_mark  # where, said once, without PyYAML's snippet and caret
+        context = f"{exc.context}, " if exc.context else ""
+        return f"{context}{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
     if isinstance(exc, json.JSONDecodeError | yaml.YAMLError):
         return str(exc)
     if "integer string conversion" in str(exc):

@@ -322,8 +322,8 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (
             ["check-config", str(broken)],
-            f"not valid YAML: while parsing a flow node expected the node content, but found "
-            f"'<stream end>' in {broken}, line 2",
+            f"{broken}: not valid YAML: while parsing a flow node, expected the node content, "
+            "but found '<stream end>' at line 2, column 1 — fix the config",
         ),
         (
             ["check-config", str(tmp / "nope.yaml")],
