@@ -60,10 +60,11 @@ EOF
     fi
     cat <<EOF
    predictions:  $(count predictions) published to $RUN_ID.predictions
-   episodes:     $(count episodes) closed, published to $RUN_ID.episodes: all idle past the
-                 episode timeout (the tail's "timed out"); $(count closed_by_timer) of them found by the timer, the rest by
-                 the user's next event. Which one comes first depends on where the ticks fall
-                 among the batches, so that split differs from run to run; the total does not
+   episodes:     $(count episodes) closed, published to $RUN_ID.episodes (the tail counts them by
+                 reason); $(count closed_by_timer) of them closed by the timer, the rest by the user's next
+                 event or a sign-out. Whether the timer or a next event notices an idle
+                 episode first depends on where the ticks fall among the batches, so that
+                 split differs from run to run; the total does not
    dead letters: $(count dead_lettered) in $RUN_ID.events.dlq
    see them again:  $ORACULAR tail --pretty --from-beginning --topic-prefix $RUN_ID --idle 5
    forget the run:  $ORACULAR reset $RUN_ID && $ORACULAR topics delete $RUN_ID
