@@ -34,9 +34,11 @@ setup: $(SETUP_STAMP) ## create .venv and install the project with its dev tools
 
 # Re-runs only when pyproject.toml changes (or .venv is gone).
 $(SETUP_STAMP): pyproject.toml
-	@echo "== setup: $(VENV) with $(PYTHON_BOOT)"
+	@echo "== setup: $(VENV) with $(PYTHON_BOOT); the first time pip installs Faust, aiokafka,"
+	@echo "   RocksDB, matplotlib and the dev tools: about 100 s (once; later runs skip this)"
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	set -o pipefail; $(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[dev]' \
+		| { grep --line-buffered -E '^(Collecting|Successfully|ERROR)' || true; }
 	@touch $@
 
 kafka: setup ## fetch the Kafka broker jars with Maven into .cache/kafka (once)

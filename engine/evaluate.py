@@ -70,6 +70,8 @@ class Evaluation:
     scores: list[IntentScore]
     weights: dict[str, list[tuple[int, str, float]]] = field(default_factory=dict)
     """Intent -> (time, signal, effective weight) after each of its signals' events."""
+    scored: dict[str, list[tuple[float, bool, bool]]] = field(default_factory=dict)
+    """Intent -> (p, followed by the outcome, reveal) of each prediction scored."""
 
 
 def evaluate(config: EngineConfig, events: Iterable[Event]) -> Evaluation:
@@ -103,11 +105,12 @@ def evaluate(config: EngineConfig, events: Iterable[Event]) -> Evaluation:
     for user, closed in replayer.close_due(END_OF_TIME):
         closes[(user, closed.started_at)] = closed.closed_at
     _label(config, points, outcomes, closes)
-    scores = [
-        _score(name, [p for ps in points.values() for p in ps if p.intent == name])
-        for name in intents
-    ]
-    return Evaluation(scores, weights)
+    by_intent = {
+        name: [p for ps in points.values() for p in ps if p.intent == name] for name in intents
+    }
+    scores = [_score(name, by_intent[name]) for name in intents]
+    scored = {name: [(p.p, p.label, p.reveal) for p in ps] for name, ps in by_intent.items()}
+    return Evaluation(scores, weights, scored)
 
 
 def _record_weight(out: list[tuple[int, str, float]], step: Step, intent: str, signal: str) -> None:
@@ -181,6 +184,39 @@ def roc_auc(scored: list[tuple[float, bool]]) -> float | None:
         rank_sum += mean_rank * sum(label for _, label in ordered[i:j])
         i = j
     return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def roc_curve(scored: list[tuple[float, bool]]) -> list[tuple[float, float]]:
+    """The ROC curve: (false positive rate, true positive rate) at each threshold on p, from
+    (0, 0) to (1, 1); empty when one label is missing."""
+    return [(fp, tp) for fp, tp, _ in _sweep(scored)]
+
+
+def precision_recall_curve(scored: list[tuple[float, bool]]) -> list[tuple[float, float]]:
+    """(recall, precision) at each threshold on p, the highest threshold first; empty when
+    there is no positive."""
+    return [(tp, precision) for _, tp, precision in _sweep(scored)[1:]]
+
+
+def _sweep(scored: list[tuple[float, bool]]) -> list[tuple[float, float, float]]:
+    """(fpr, tpr, precision) after admitting each distinct p, highest first (ties together)."""
+    positives = sum(label for _, label in scored)
+    negatives = len(scored) - positives
+    if positives == 0 or negatives == 0:
+        return []
+    ordered = sorted(scored, key=lambda item: -item[0])
+    out = [(0.0, 0.0, 1.0)]
+    tp = fp = 0
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j < len(ordered) and ordered[j][0] == ordered[i][0]:
+            tp += ordered[j][1]
+            fp += not ordered[j][1]
+            j += 1
+        out.append((fp / negatives, tp / positives, tp / (tp + fp)))
+        i = j
+    return out
 
 
 def calibration(points: list[_Point]) -> list[CalibrationBin]:

@@ -19,11 +19,14 @@ suggestions are on the scale of the weights already written.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from engine.config import EngineConfig
+from engine.evaluate import IntentScore, evaluate
 from engine.lift import baseline, lift_and_score, rates_lift_and_score
 from engine.replay import Event
 
@@ -90,6 +93,9 @@ def tune(
 ) -> list[IntentReport]:
     """Report declared and candidate signals for every intent that has an outcome."""
     episodes = episodes_of(config, events)
+    # An outcome (this intent's or another's) is what signals predict, not a signal: another
+    # intent's outcome is a consequence of the same journey, never a prompt to show.
+    outcomes_of_all = {i.outcome for i in config.intents.values() if i.outcome}
     reports = []
     for name, intent in config.intents.items():
         if intent.outcome is None:
@@ -103,7 +109,7 @@ def tune(
         candidates = sorted(
             n
             for n, (with_, _) in seen_in.items()
-            if with_ >= min_episodes and n not in intent.signals and n != intent.outcome
+            if with_ >= min_episodes and n not in intent.signals and n not in outcomes_of_all
         )
         for signal in [*intent.signals, *candidates]:
             with_, hits = seen_in.get(signal, (0, 0))
@@ -251,3 +257,105 @@ def format_report(report: IntentReport) -> str:
 def suggested_weights(reports: Iterable[IntentReport]) -> Mapping[str, Mapping[str, float]]:
     """Intent -> signal -> suggested weight, for declared and candidate signals."""
     return {r.intent: {s.name: s.suggested for s in r.signals} for r in reports}
+
+
+SCALES: Final = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0)
+"""The factors `compare` tries on the suggested weights."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One set of weights for the declared signals, scored on the same events."""
+
+    name: str
+    """`config` (as written), `suggested` (tune's weights) or `fitted` (tune's weights times
+    the factor of SCALES with the lowest Brier score on these events, per intent)."""
+    weights: Mapping[str, Mapping[str, float]]
+    """Intent -> declared signal -> weight."""
+    scores: Mapping[str, IntentScore]
+    """Intent -> its scores with these weights."""
+    scale: Mapping[str, float] = field(default_factory=dict)
+    """`fitted`: intent -> the factor chosen."""
+
+
+def compare(
+    config: EngineConfig, events: Sequence[Event], reports: Iterable[IntentReport]
+) -> list[Variant]:
+    """`tune --evaluate`: the config's weights, tune's suggestion, and the suggestion fitted to
+    the config's prior and threshold, each evaluated (engine.evaluate) on `events`.
+
+    tune's weights rank signals (their ratios), but their size is `priorStrength × score`:
+    the evidence they add up to need not be what the intent's prior, priorWeight and threshold
+    were set for, and a suggestion can lose every reveal. `fitted` multiplies them by the
+    factor of SCALES whose replay has the lowest Brier score (per intent: intents learn and
+    predict independently), on the same events: an in-sample fit, to be checked on other data.
+    Only the declared signals change; candidates are left to the user.
+    """
+    suggested = {
+        r.intent: {s.name: s.suggested for s in r.signals if s.declared is not None}
+        for r in reports
+    }
+    declared = {n: dict(i.signals) for n, i in config.intents.items() if n in suggested}
+    base = Variant("config", declared, _scores(config, events, declared))
+    by_scale = {
+        factor: (weights, _scores(config, events, weights))
+        for factor in SCALES
+        for weights in [
+            {n: {s: round(w * factor, 2) for s, w in ws.items()} for n, ws in suggested.items()}
+        ]
+    }
+    best = {
+        intent: min(SCALES, key=lambda f: _brier(by_scale[f][1][intent])) for intent in suggested
+    }
+    fitted = Variant(
+        "fitted",
+        {intent: by_scale[f][0][intent] for intent, f in best.items()},
+        {intent: by_scale[f][1][intent] for intent, f in best.items()},
+        best,
+    )
+    as_suggested = Variant("suggested", by_scale[1.0][0], by_scale[1.0][1])
+    return [base, as_suggested, fitted]
+
+
+def _scores(
+    config: EngineConfig, events: Sequence[Event], weights: Mapping[str, Mapping[str, float]]
+) -> dict[str, IntentScore]:
+    intents = {
+        n: dataclasses.replace(i, signals=dict(weights.get(n, i.signals)))
+        for n, i in config.intents.items()
+    }
+    result = evaluate(dataclasses.replace(config, intents=intents), events)
+    return {s.intent: s for s in result.scores}
+
+
+def _brier(score: IntentScore) -> float:
+    return math.inf if math.isnan(score.brier) else score.brier
+
+
+def format_comparison(variants: Sequence[Variant]) -> str:
+    """The variants side by side per intent, and the weights of each."""
+    lines = [
+        "tune -> evaluate: the declared signals' weights as configured, as suggested, and as "
+        "suggested times the factor with the lowest Brier score (fitted), each replayed on "
+        "the same events",
+        f"{'intent':<10} {'weights':<12} {'AUC':>6} {'Brier':>7} {'reveals':>8} "
+        f"{'precision':>9} {'recall':>7}  weights",
+    ]
+    intents = sorted({i for v in variants for i in v.scores})
+    for intent in intents:
+        for variant in variants:
+            score = variant.scores[intent]
+            shown = ", ".join(f"{s}: {w:g}" for s, w in variant.weights.get(intent, {}).items())
+            name = variant.name
+            if intent in variant.scale:
+                name += f" x{variant.scale[intent]:g}"
+            lines.append(
+                f"{intent:<10} {name:<12} {_fmt(score.auc):>6} {_fmt(score.brier, 4):>7} "
+                f"{score.reveals:>8,} {_fmt(score.precision):>9} {_fmt(score.recall):>7}  "
+                f"{{ {shown} }}"
+            )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"

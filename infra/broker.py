@@ -240,12 +240,31 @@ def choose_ports(port: int | None) -> tuple[int, int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """True if the process exists and is not a zombie."""
+    """True if the process exists and is not a zombie.
+
+    A JVM's main thread ends before its shutdown hooks do: the process then shows as a zombie
+    while its other threads still run (and hold the ports and the data directory), so every
+    thread counts.
+    """
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"
+        tasks = [p.name for p in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        tasks = [str(pid)]
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+        try:
+            state = stat.rsplit(")", 1)[1].split()[0]
+        except IndexError:
+            continue
+        if state != "Z":
+            return True
+    return False
 
 
 def _cmdline(pid: int) -> str:

@@ -5,8 +5,10 @@
 # Every run is separate: it gets its own app id and topic prefix (RUN_ID, default
 # demo-<UTC time>), so its state, consumer group and topics start empty; a second run neither
 # counts the first one's events as late nor mixes its outputs with them.
-# Ctrl-C stops the tail and the worker, then prints the run's summary. The broker keeps running
-# (`make broker-down`); `make clean` deletes every run's topics and state.
+# Ctrl-C (or SIGTERM) stops the tail and the worker, then prints the run's summary; a worker that
+# dies is noticed, said, and ends the run (exit 1). The broker keeps running (`make
+# broker-down`); `make clean` deletes every run's topics and state, `oracular topics delete
+# RUN_ID` one run's topics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +17,7 @@ ORACULAR=$VENV/bin/oracular
 CONFIG=${ORACULAR_CONFIG:-examples/oracular.yaml}
 SAMPLE=${SAMPLE:-examples/clickstream.jsonl}
 RUN_ID=${RUN_ID:-demo-$(date -u +%Y%m%dT%H%M%S)}
-LOG=var/worker.log  # the last run's
+LOG=${LOG:-var/worker.log}  # the last run's
 READY_TIMEOUT_S=120  # first start: Faust creates the topics and the changelog and joins the group
 export ORACULAR_BROKER=${ORACULAR_BROKER:-$(cat "${KAFKA_DIR:-var/kafka}/bootstrap.txt")}
 # The run's own consumer group, internal topics and state (var/faust/$RUN_ID), and its own
@@ -26,6 +28,8 @@ mkdir -p var
 echo "== run $RUN_ID: worker on $CONFIG, broker $ORACULAR_BROKER (log: $LOG)"
 "$ORACULAR" worker --config "$CONFIG" >"$LOG" 2>&1 &
 worker=$!
+tailer=
+echo "== worker pid $worker"
 sent=$(grep -c . "$SAMPLE")  # one message a line
 
 # The worker's last `oracular summary:` counter, e.g. `count applied` -> 2817.
@@ -33,6 +37,10 @@ count() { grep -o "oracular summary: .*" "$LOG" | tail -n 1 | grep -o "\b$1=[0-9
 
 finish() {
     trap - EXIT INT TERM
+    if [[ -n $tailer ]] && kill -0 "$tailer" 2>/dev/null; then
+        kill -TERM "$tailer" 2>/dev/null || true  # it prints what it holds and its tally
+        wait "$tailer" 2>/dev/null || true
+    fi
     if kill -0 $worker 2>/dev/null; then
         echo "== stopping the worker"
         kill -TERM $worker 2>/dev/null || true
@@ -52,10 +60,15 @@ EOF
     fi
     cat <<EOF
    predictions:  $(count predictions) published to $RUN_ID.predictions
-   episodes:     $(count episodes) closed ($(count closed_by_timer) of them by the timer), published to $RUN_ID.episodes
+   episodes:     $(count episodes) closed, published to $RUN_ID.episodes (the tail counts them by
+                 reason); $(count closed_by_timer) of them closed by the timer, the rest by the user's next
+                 event or a sign-out. Whether the timer or a next event notices an idle
+                 episode first depends on where the ticks fall among the batches, so that
+                 split differs from run to run; the total does not
    dead letters: $(count dead_lettered) in $RUN_ID.events.dlq
    see them again:  $ORACULAR tail --pretty --from-beginning --topic-prefix $RUN_ID --idle 5
-   forget the run:  $ORACULAR reset $RUN_ID   (its state; \`make clean\` deletes all runs' topics)
+   forget the run:  $ORACULAR reset $RUN_ID && $ORACULAR topics delete $RUN_ID
+                    (its state, then its topics; \`make clean\` deletes every run's)
 EOF
 }
 trap finish EXIT
@@ -83,4 +96,18 @@ echo "== outputs as they arrive: time (UTC), user, the event, then p per intent 
 echo "   the prompt now); episode closes with each intent's verdict; dead letters. A tally"
 echo "   follows whenever the outputs go quiet. The last sessions close 30 min after their last"
 echo "   event (the timer). Ctrl-C stops the tail and the worker and prints the run's summary."
-"$ORACULAR" tail --pretty --from-beginning "$@"
+# In the background, so that a signal reaches this script's traps at once (a foreground
+# child delays them until it exits; one started from a script ignores SIGINT); the loop
+# notices a worker that died.
+"$ORACULAR" tail --pretty --from-beginning "$@" &
+tailer=$!
+while kill -0 "$tailer" 2>/dev/null; do
+    if ! kill -0 $worker 2>/dev/null; then
+        echo "== the worker exited (see $LOG); stopping the run" >&2
+        tail -n 5 "$LOG" >&2
+        exit 1
+    fi
+    sleep 1 &
+    wait $! || true
+done
+wait "$tailer"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -164,23 +165,35 @@ def ensure_topics(
     return asyncio.run(ensure_topics_async(bootstrap, specs, timeout_s, **kwargs))
 
 
-def no_broker_message(bootstrap: str) -> str:
-    """What to say when nothing answers at `bootstrap`."""
+def no_broker_message(bootstrap: str, waited_s: float | None = None) -> str:
+    """What to say when nothing answers at `bootstrap` (`waited_s`: how long the probe took;
+    a refused connection is answered at once, a silent address at the probe's timeout)."""
+    if waited_s is not None and waited_s < PROBE_TIMEOUT_S * 0.9:
+        how = f"(the connection was refused after {waited_s:.1f} s)"
+    else:
+        how = f"within {PROBE_TIMEOUT_S:.0f} s"
     return (
-        f"no Kafka broker answered at {bootstrap} within {PROBE_TIMEOUT_S:.0f} s. Start the "
-        "local one with `make broker-up` (it prints its address), or point ORACULAR_BROKER / "
-        "--broker at yours (TLS/SASL: ORACULAR_SECURITY_PROTOCOL and friends, "
-        "docs/operations.md)."
+        f"no Kafka broker answered at {bootstrap} {how} — start the local one with "
+        "`make broker-up` (it prints its address), or point ORACULAR_BROKER / --broker at "
+        "yours (TLS/SASL: ORACULAR_SECURITY_PROTOCOL and friends, docs/operations.md)"
     )
 
 
-def missing_topics_message(missing: Sequence[str], bootstrap: str) -> str:
-    """What to say when topics a command needs do not exist."""
-    shown = ", ".join(missing)
-    what = f"topic {shown} does" if len(missing) == 1 else f"topics {shown} do"
+def missing_topics_message(
+    missing: Sequence[str], bootstrap: str, existing: Iterable[str] = ()
+) -> str:
+    """What to say when topics a command needs do not exist (with the closest existing name
+    of each, if one is close)."""
+    names = sorted(t for t in existing if not t.startswith("__"))
+    shown = []
+    for topic in missing:
+        close = difflib.get_close_matches(topic, names, n=1, cutoff=0.8)
+        shown.append(f"{topic} (did you mean {close[0]}?)" if close else topic)
+    what = f"topic {shown[0]} does" if len(shown) == 1 else f"topics {', '.join(shown)} do"
     return (
-        f"{what} not exist on {bootstrap}. Create the product topics with `make topics` "
-        "(or start `oracular worker`, which creates them); check ORACULAR_TOPIC_PREFIX."
+        f"{what} not exist on {bootstrap} — create the product topics with `make topics` "
+        "(or start `oracular worker`, which creates them); check ORACULAR_TOPIC_PREFIX; "
+        "`oracular topics list` shows the topics there are"
     )
 
 
@@ -199,8 +212,9 @@ async def require_broker(
         BrokerError: one line saying what is wrong and how to fix it (`no_broker_message`,
             `missing_topics_message`).
     """
+    started = time.monotonic()
     if not await probe_async(bootstrap, timeout_s, client):
-        raise BrokerError(no_broker_message(bootstrap))
+        raise BrokerError(no_broker_message(bootstrap, time.monotonic() - started))
     if not topics:
         return
     admin = _admin(bootstrap, timeout_s, client)
@@ -214,7 +228,7 @@ async def require_broker(
         await admin.close()
     missing = [t for t in topics if t not in existing]
     if missing:
-        raise BrokerError(missing_topics_message(missing, bootstrap))
+        raise BrokerError(missing_topics_message(missing, bootstrap, existing))
 
 
 async def check_topics_async(

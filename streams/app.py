@@ -69,6 +69,32 @@ def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) ->
     )
 
 
+class _TransientCoordinatorErrors(logging.Filter):
+    """aiokafka logs a retriable "Group Coordinator Request failed" at ERROR; a fresh broker
+    answers so while it creates its offsets topic, and aiokafka retries at once. INFO, then:
+    an ERROR line in a healthy first start sends people looking for a problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.levelno == logging.ERROR
+            and str(record.msg).startswith("Group Coordinator Request failed")
+            and record.args
+            and getattr(
+                record.args[0] if isinstance(record.args, tuple) else None, "retriable", False
+            )
+        ):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg += " (retrying)"
+        return True
+
+
+def quiet_transient_coordinator_errors() -> None:
+    """Install _TransientCoordinatorErrors on aiokafka's group coordinator logger (once)."""
+    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
+    if not any(isinstance(f, _TransientCoordinatorErrors) for f in logger.filters):
+        logger.addFilter(_TransientCoordinatorErrors())
+
+
 def create_app(
     settings: Settings, config: EngineConfig, backfill: Backfill | None = None
 ) -> faust.App:
@@ -78,6 +104,7 @@ def create_app(
     is called when the end is reached.
     """
     settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    quiet_transient_coordinator_errors()
     topics = settings.topics
     partitions = topics.events.partitions
     app = faust.App(
@@ -109,6 +136,10 @@ def create_app(
         web_bind=settings.api_host,
         web_tables_enabled=False,
         web_router_enabled=False,
+        # What ORACULAR_WEB_PORT promises: Faust's statistics pages, its sensors at `/` and
+        # the partition assignment at `/assignment/` (off unless Faust's debug mode otherwise,
+        # leaving only `{"status": "OK"}`).
+        web_stats_enabled=True,
     )
 
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches

@@ -13,16 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import load_config
-from schemas.events import DecodeError
-from schemas.events import _time as parse_time
 from streams.cli_common import (
-    EXIT_USAGE,
+    EXIT_NOTHING,
+    EXIT_REFUSED,
+    INPUT_TODO,
+    ORDER_WINDOW_S,
     WORKER_SETTINGS,
     columns,
+    did_you_mean,
+    fail,
     input_arguments,
     kafka_command,
     kafka_settings,
     load_settings,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    time_argument,
+    time_flag,
+    unreadable_input,
+    usage_error,
 )
 from streams.progress import Progress
 from streams.settings import add_flag
@@ -30,7 +40,15 @@ from streams.settings import add_flag
 
 def register(commands: Any) -> None:
     """Add the Kafka subcommands."""
-    for add in (_add_worker, _add_backfill, _add_produce, _add_tail, _add_reset, _add_query):
+    for add in (
+        _add_worker,
+        _add_backfill,
+        _add_produce,
+        _add_tail,
+        _add_reset,
+        _add_topics,
+        _add_query,
+    ):
         add(commands)
 
 
@@ -57,7 +75,7 @@ def _add_worker(commands: Any) -> None:
     )
     worker.add_argument(
         "--processes",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="run N worker processes of this app id (one core each; datadir DATADIR/p<i>, "
@@ -132,6 +150,13 @@ def _add_produce(commands: Any) -> None:
         "events", help="events file: JSON lines, a msgpack stream or CSV (native/Segment events)"
     )
     add_flag(produce, "broker")
+    add_flag(
+        produce,
+        "topic_prefix",
+        metavar="PREFIX",
+        text="send to the input topic of a run with this topic prefix, PREFIX.events "
+        "(ORACULAR_TOPIC_PREFIX)",
+    )
     produce.add_argument(
         "--now",
         action="store_true",
@@ -148,21 +173,63 @@ def _add_tail(commands: Any) -> None:
         help="print predictions, closed episodes and dead letters as they arrive",
         description="Print the output topics' messages as JSON lines (each with its `topic`;\n"
         "a dead letter's origin is `source_topic`), or with --pretty as readable lines\n"
-        "and a tally at the end, as they arrive (or from the beginning), until --max\n"
+        "and a tally at the end, in event-time order (merged across partitions within\n"
+        "--order-window seconds), as they arrive or, with --from-beginning, from each\n"
+        "topic's first message (a run that already finished), until --max\n"
         "messages or --idle seconds without one. --topic-prefix and --output-suffix follow\n"
         "a run with its own topic names (a worker's --topic-prefix, a backfill's\n"
         "--output-suffix); --topics also takes full topic names. Needs a broker and the\n"
         "topics (`make broker-up`, `make topics`; exit 69 otherwise).",
         epilog="examples:\n  oracular tail\n  oracular tail --from-beginning --max 20\n"
+        "  oracular tail --pretty --from-beginning --idle 10 --intent upgrade --reveals\n"
+        "  oracular tail --pretty --from-beginning --user user-00126\n"
         "  oracular tail --pretty --from-beginning --topic-prefix demo-20261130T2210\n"
         "  oracular tail --pretty --output-suffix .bf --topics predictions,episodes\n"
         "  oracular tail --topics oracular.predictions.bf,oracular.events.dlq.bf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_flag(tail, "broker")
-    tail.add_argument("--from-beginning", action="store_true")
-    tail.add_argument("--max", type=int, help="stop after this many messages")
-    tail.add_argument("--idle", type=float, help="stop after this many seconds without messages")
+    tail.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="start at each topic's first message, so a run that already finished shows all "
+        "its outputs (default: only what arrives from now on)",
+    )
+    tail.add_argument(
+        "--max", type=positive_int, metavar="N", help="stop after N messages shown (N >= 1)"
+    )
+    tail.add_argument(
+        "--idle",
+        type=positive_float,
+        metavar="S",
+        help="stop after S seconds without messages (S > 0)",
+    )
+    tail.add_argument(
+        "--user",
+        action="append",
+        metavar="USER",
+        help="only this user's outputs (and dead letters keyed by it); repeat for more",
+    )
+    tail.add_argument(
+        "--intent",
+        action="append",
+        metavar="INTENT",
+        help="only predictions and episodes of this intent; repeat for more",
+    )
+    tail.add_argument(
+        "--reveals",
+        action="store_true",
+        help="only predictions that reveal (of --intent, if given)",
+    )
+    tail.add_argument(
+        "--order-window",
+        type=non_negative_float,
+        default=ORDER_WINDOW_S,
+        metavar="S",
+        help="hold outputs S seconds (and while catching up) and print them in event-time "
+        f"order, merged across partitions and topics (default {ORDER_WINDOW_S:g}; 0: as they "
+        "arrive)",
+    )
     tail.add_argument(
         "--topics",
         default="predictions,episodes,dlq",
@@ -208,6 +275,113 @@ def _add_reset(commands: Any) -> None:
     reset.set_defaults(run=run_reset)
 
 
+def _add_topics(commands: Any) -> None:
+    topics = commands.add_parser(
+        "topics",
+        help="list the topics of every run, or delete one run's topics",
+        description="`list`: every topic on the broker (but its own), grouped by run (topic "
+        "prefix or app id), with partitions and messages. `delete RUN_OR_PREFIX`: delete the "
+        "topics named RUN_OR_PREFIX, RUN_OR_PREFIX.* (a run's product topics) and "
+        "RUN_OR_PREFIX-* (its app id's internal topics); `oracular reset` forgets its "
+        "consumer group and local state. The default prefix (oracular) needs --yes.",
+        epilog="examples:\n  oracular topics list\n"
+        "  oracular topics delete demo-20261203T140000 --dry-run\n"
+        "  oracular topics delete demo-20261203T140000\n"
+        "  oracular topics delete oracular --yes",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_flag(topics, "broker")
+    actions = topics.add_subparsers(title="actions", metavar="ACTION", dest="action")
+    listing = actions.add_parser(
+        "list",
+        help="every topic, grouped by run, with partitions and messages",
+        description="List every topic on the broker (but its own), grouped by run.",
+    )
+    add_flag(listing, "broker")
+    listing.set_defaults(run=run_topics_list)
+    delete = actions.add_parser(
+        "delete",
+        help="delete one run's topics (product and internal)",
+        description="Delete the topics named RUN_OR_PREFIX, RUN_OR_PREFIX.* and "
+        "RUN_OR_PREFIX-*. Refuses while a worker of that app id runs; the default prefix "
+        "(oracular) needs --yes.",
+    )
+    delete.add_argument("run_or_prefix", metavar="RUN_OR_PREFIX")
+    add_flag(delete, "broker")
+    delete.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    delete.add_argument("--yes", action="store_true", help="needed for the default prefix")
+    delete.set_defaults(run=run_topics_delete)
+    topics.set_defaults(run=lambda args: usage_error(topics, "name an action: list or delete"))
+
+
+@kafka_command("topics")
+def run_topics_list(args: argparse.Namespace) -> int:
+    """`oracular topics list`."""
+    from streams.kafkatools import run
+    from streams.runs import describe, list_topics
+
+    settings = kafka_settings(args)
+    _require_broker(settings)
+    print(describe(run(list_topics(settings.broker, settings.client_kwargs())) or []))
+    return 0
+
+
+@kafka_command("topics")
+def run_topics_delete(args: argparse.Namespace) -> int:
+    """`oracular topics delete RUN_OR_PREFIX`."""
+    from streams.kafkatools import run
+    from streams.reset import plan_reset
+    from streams.runs import belongs, delete_topics, list_topics
+    from streams.settings import BY_NAME
+
+    settings = kafka_settings(args)
+    client = settings.client_kwargs()
+    wanted = args.run_or_prefix
+    if wanted == BY_NAME["topic_prefix"].default and not args.yes and not args.dry_run:
+        return fail(
+            "topics",
+            f"{wanted!r} is the default prefix (the topics `oracular worker` uses unless told "
+            "otherwise)",
+            "add --yes to delete them, or --dry-run to see them",
+            EXIT_REFUSED,
+        )
+    _require_broker(settings)
+    topics = run(list_topics(settings.broker, client)) or []
+    doomed = [t.name for t in topics if belongs(t.name, wanted)]
+    if not doomed:
+        runs = sorted({t.run for t in topics})
+        return fail(
+            "topics",
+            f"no topic belongs to {wanted!r}{did_you_mean(wanted, runs)}",
+            "`oracular topics list` shows the runs",
+            EXIT_NOTHING,
+        )
+    plan = run(plan_reset(settings.broker, wanted, Path("/nonexistent"), client))
+    for name in doomed:
+        print(f"  topic {name}")
+    if plan.members:
+        return fail(
+            "topics",
+            f"the consumer group {wanted!r} has {plan.members} active member(s), which would "
+            "create the topics again",
+            "stop its workers first",
+            EXIT_REFUSED,
+        )
+    if args.dry_run:
+        print(f"dry run: {len(doomed)} topic(s) would be deleted")
+        return 0
+    run(delete_topics(settings.broker, doomed, client))
+    print(
+        f"deleted {len(doomed)} topic(s)"
+        + (
+            f"; `oracular reset {wanted}` forgets its consumer group and local state"
+            if plan.group
+            else ""
+        )
+    )
+    return 0
+
+
 @kafka_command("worker")
 def run_worker(args: argparse.Namespace) -> int:
     """`oracular worker`: check the broker and topics, then run the Faust worker."""
@@ -218,9 +392,6 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     config = load_config(settings.config_path)
     asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
-    if args.processes < 1:
-        print("oracular worker: --processes must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
     if args.processes > 1:
         from streams.processes import child_environments, main_env, run_processes
         from streams.settings import as_environment, flag_values
@@ -252,23 +423,22 @@ def run_backfill(args: argparse.Namespace) -> int:
     import signal
     import time
 
+    from schemas.events import show_time
     from streams.app import create_app
     from streams.backfill import Backfill, Range
 
     try:
         settings, since = _backfill_settings(args)
     except ValueError as exc:
-        print(f"oracular backfill: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("backfill", str(exc), "give an epoch ms or ISO-8601 time")
     config = load_config(settings.config_path)
     partitions = settings.topics.events.partitions
     if not 1 <= args.processes <= partitions:
-        print(
-            f"oracular backfill: --processes must be between 1 and the {partitions} input "
-            f"partitions (got {args.processes})",
-            file=sys.stderr,
+        what = (
+            f"--processes must be between 1 and the {partitions} input partitions "
+            f"(got {args.processes})"
         )
-        return EXIT_USAGE
+        return fail("backfill", what, "one process per partition at most")
     if args.part_of is None:
         span = _prepare_backfill(settings, since)
         if args.processes > 1:
@@ -278,8 +448,7 @@ def run_backfill(args: argparse.Namespace) -> int:
             span = Range.from_json(args.part_of)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             msg = f"--part-of is not a range from a parallel backfill ({type(exc).__name__})"
-            print(f"oracular backfill: {msg}", file=sys.stderr)
-            return EXIT_USAGE
+            return fail("backfill", msg, "leave --part-of to `backfill --processes`")
     started = time.monotonic()
     one_of_many = args.part_of is not None
     events_topic = settings.topics.events.name
@@ -317,7 +486,8 @@ def run_backfill(args: argparse.Namespace) -> int:
         # The timer closed what was due by these (docs/time.md): `oracular replay --until`
         # the same value gives the same outputs.
         print(
-            f"backfill final watermark: {min(marks)} .. {max(marks)} (epoch ms, per partition)",
+            f"backfill final watermark: {show_time(min(marks))} .. {show_time(max(marks))} "
+            f"({min(marks)} .. {max(marks)} epoch ms, per partition)",
             file=sys.stderr,
         )
     return 0 if plan.reached else 1
@@ -397,34 +567,25 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
     """Settings with a fresh app id and suffixed outputs, and the --since time."""
     import time
 
-    from streams.settings import SettingsError
-
-    try:
-        settings = load_settings(args)
-        overrides: dict[str, str | None] = {}
-        if args.app_id is None:
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            overrides["app_id"] = f"{settings.app_id}-backfill-{stamp}"
-        if args.output_suffix:
-            topics = settings.topics
-            for role, spec in (
-                ("predictions", topics.predictions),
-                ("episodes", topics.episodes),
-                ("dlq", topics.dlq),
-            ):
-                overrides[f"topic_{role}"] = spec.name + args.output_suffix
-        sources = {name: "--output-suffix" for name in overrides if name.startswith("topic_")}
-        settings = load_settings(args, sources, **overrides)
-    except SettingsError as exc:
-        msg = f"bad settings:\n{exc}"
-        raise ValueError(msg) from exc
+    # A SettingsError goes to streams.cli.main, which reports every problem.
+    settings = load_settings(args)
+    overrides: dict[str, str | None] = {}
+    if args.app_id is None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        overrides["app_id"] = f"{settings.app_id}-backfill-{stamp}"
+    if args.output_suffix:
+        topics = settings.topics
+        for role, spec in (
+            ("predictions", topics.predictions),
+            ("episodes", topics.episodes),
+            ("dlq", topics.dlq),
+        ):
+            overrides[f"topic_{role}"] = spec.name + args.output_suffix
+    sources = {name: "--output-suffix" for name in overrides if name.startswith("topic_")}
+    settings = load_settings(args, sources, **overrides)
     if args.since is None:
         return settings, None
-    try:
-        since = parse_time(int(args.since) if args.since.isdigit() else args.since, "--since", None)
-    except DecodeError as exc:
-        raise ValueError(str(exc)) from exc
-    return settings, since
+    return settings, time_flag(args.since, "--since")
 
 
 def _prepare_backfill(settings: Any, since: int | None) -> Any:
@@ -457,27 +618,41 @@ def run_produce(args: argparse.Namespace) -> int:
     import time
 
     from schemas.files import EventFileError, file_format
+    from streams.backfill import capture_range
     from streams.kafkatools import produce_events, read_events, run
+    from streams.pretty import plural
+    from streams.settings import BY_NAME
 
     settings = kafka_settings(args)
     path = Path(args.events)
-    if not path.is_file():
-        print(f"oracular produce: no such file {path}", file=sys.stderr)
-        return EXIT_USAGE
+    problem = unreadable_input(path)
+    if problem:
+        return fail("produce", problem, "check the path")
     try:  # the file first: a bad one needs no broker to be told so
         events, skipped = read_events(path, file_format(path, args.format), columns(args))
     except EventFileError as exc:
-        print(f"oracular produce: {path}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("produce", f"{path}: {exc}", INPUT_TODO)
     if not events:
-        print(
-            f"oracular produce: {path}: no event to send ({skipped} line(s) skipped); nothing sent",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        what = f"{path}: no event to send ({skipped} line(s) skipped); nothing sent"
+        return fail("produce", what, "give produce a file with events")
     topic = settings.topics.events.name
     client = settings.client_kwargs()
     _require_broker(settings, [topic])
+    held = run(capture_range(settings.broker, topic, None, client)).total
+    prefix = topic.removesuffix(".events")
+    if prefix == BY_NAME["topic_prefix"].default:
+        prefix += " --yes"
+    if held:
+        # A second `produce --now` of the same file: its events are older than the first
+        # one's, so a worker that applied those counts them late and behind its watermark.
+        print(
+            f"oracular produce: warning: {topic} already holds {held:,} messages — a worker "
+            "that applied them takes these as late input (a second `--now` copy of a file "
+            "lands behind the first in event time). To start over, use a new --topic-prefix "
+            "and app id (`make run` does), or stop the worker and run "
+            f"`oracular reset {settings.app_id}` and `oracular topics delete {prefix}`",
+            file=sys.stderr,
+        )
     progress = Progress("produce", enabled=not args.quiet)
     now = int(time.time() * 1000) if args.now else None
     sent = run(
@@ -486,7 +661,7 @@ def run_produce(args: argparse.Namespace) -> int:
     progress.close()
     if sent is not None and not args.quiet:
         print(
-            f"produce: {sent:,} events to {topic} on {settings.broker} ({skipped} skipped)",
+            f"produce: {plural(sent, 'event')} to {topic} on {settings.broker} ({skipped} skipped)",
             file=sys.stderr,
         )
     return 0 if sent is not None else 1
@@ -495,17 +670,24 @@ def run_produce(args: argparse.Namespace) -> int:
 @kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
     """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
+    import signal
+
     from streams.kafkatools import run, tail_topics
-    from streams.pretty import Tally
+    from streams.pretty import Filter, Tally
 
     settings = kafka_settings(args)  # --broker and --topic-prefix
     try:
         topics = tail_topic_names(args.topics, settings.topics, args.output_suffix)
     except ValueError as exc:
-        print(f"oracular tail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("tail", f"--topics: {exc}", "or give full topic names")
     _require_broker(settings, topics)
+    # SIGTERM, and SIGINT even when started ignoring it (a background job of a script, as in
+    # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally. Once:
+    # `make run` sends SIGTERM after the terminal's SIGINT, and the tally must still come out.
+    signal.signal(signal.SIGINT, _stop_once)
+    signal.signal(signal.SIGTERM, _stop_once)
     tally = Tally() if args.pretty else None
+    keep = Filter(frozenset(args.user or ()), frozenset(args.intent or ()), args.reveals)
     run(
         tail_topics(
             settings.broker,
@@ -516,11 +698,22 @@ def run_tail(args: argparse.Namespace) -> int:
             out=sys.stdout,
             client=settings.client_kwargs(),
             tally=tally,
+            keep=keep,
+            window_s=args.order_window,
         )
     )
     if tally is not None:
         print(f"tail: {tally.summary()}", file=sys.stderr)
     return 0
+
+
+def _stop_once(signum: int, frame: Any) -> None:
+    """A signal handler: KeyboardInterrupt for the first SIGINT or SIGTERM, the rest ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
@@ -543,6 +736,10 @@ def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
         raise ValueError("--topics names no output; use predictions, episodes, dlq or topic names")
     chosen = []
     for item in items:
+        hint = did_you_mean(item, names)
+        if item not in names and "." not in item and hint:
+            msg = f"{item!r} is not an output{hint}; the outputs are predictions, episodes, dlq"
+            raise ValueError(msg)
         name = names[item] + suffix if item in names else item
         try:
             TopicSpec(name, 1)
@@ -565,14 +762,25 @@ def run_reset(args: argparse.Namespace) -> int:
     client = settings.client_kwargs()
     _require_broker(settings)
     plan = run(plan_reset(settings.broker, args.app_id, datadir, client))
+    if plan.group is None and not plan.topics and plan.datadir is None:
+        from streams.runs import list_topics
+
+        runs = sorted({t.run for t in run(list_topics(settings.broker, client)) or []})
+        return fail(
+            "reset",
+            f"nothing belongs to app id {args.app_id!r} (no consumer group, no internal topic, "
+            f"no {datadir}){did_you_mean(args.app_id, runs)}",
+            "check the id; `oracular topics list` shows the runs",
+            EXIT_NOTHING,
+        )
     print(plan.describe())
     if plan.members:
-        print(
-            f"oracular reset: refused: the consumer group {args.app_id!r} has "
-            f"{plan.members} active member(s); stop its workers first",
-            file=sys.stderr,
+        return fail(
+            "reset",
+            f"refused: the consumer group {args.app_id!r} has {plan.members} active member(s)",
+            "stop its workers first",
+            EXIT_REFUSED,
         )
-        return 1
     if args.dry_run:
         print("dry run: nothing deleted")
         return 0
@@ -596,7 +804,11 @@ def _add_query(commands: Any) -> None:
     query.add_argument("user", help="the user id (the input messages' key)")
     query.add_argument("--intent", help="one declared intent (default: all)")
     query.add_argument("--explain", action="store_true", help="add weights, hits and misses")
-    query.add_argument("--at", type=int, help="read as of this epoch ms (default: now)")
+    query.add_argument(
+        "--at",
+        type=time_argument("--at"),
+        help="read as of this time, epoch ms or ISO-8601 (default: now)",
+    )
     query.add_argument("--stale", action="store_true", help="accept a standby replica's copy")
     query.add_argument(
         "--url",

@@ -11,8 +11,6 @@ from typing import Any, Final, TextIO
 
 from engine import END_OF_TIME, EngineConfig, Event
 from schemas.config import load_config
-from schemas.events import DecodeError
-from schemas.events import _time as parse_time
 from schemas.files import (
     EventFileError,
     file_format,
@@ -21,7 +19,16 @@ from schemas.files import (
     write_jsonl,
 )
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
-from streams.cli_common import EXIT_USAGE, columns, input_arguments
+from streams.cli_common import (
+    EXIT_USAGE,
+    INPUT_TODO,
+    columns,
+    fail,
+    input_arguments,
+    time_flag,
+    unreadable_input,
+    writable_output,
+)
 from streams.memory import GcPolicy
 from streams.offline import OfflineRun, encoded_state
 from streams.processor import DLQ as DLQ_ROLE
@@ -98,6 +105,13 @@ def _add_tune(commands: Any) -> None:
         type=float,
         help="scale of suggested weights (default: the intent's largest |w0|)",
     )
+    tune.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="also replay the events with the suggested weights (as suggested, and scaled to "
+        "the config's total |weight|) and compare AUC, Brier, reveals, precision and recall "
+        "with the config's",
+    )
     tune.set_defaults(run=run_tune)
 
 
@@ -144,16 +158,24 @@ def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _sorted_events(args: argparse.Namespace, config: EngineConfig) -> list[Event] | None:
+    """The events of `args.events` for tune and evaluate, without producers' retries (the
+    config's `dedupeWindow`); None (said on stderr) when the file cannot be used, is unsorted,
+    or holds no event."""
     path = Path(args.events)
-    if not path.is_file():
-        print(f"oracular: no such events file {path}", file=sys.stderr)
+    problem = unreadable_input(path)
+    if problem:
+        fail(args.command, problem, "check the path")
         return None
     try:
         fmt = file_format(path, args.format)
-        return read_sorted_events(path, fmt, columns(args), config=config)
+        events = read_sorted_events(path, fmt, columns(args), config=config)
     except EventFileError as exc:
-        print(f"oracular: {exc}", file=sys.stderr)
+        fail(args.command, f"{path}: {exc}", INPUT_TODO)
         return None
+    if not events:
+        fail(args.command, f"{path} holds no event", f"give {args.command} a file with events")
+        return None
+    return events
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -161,19 +183,20 @@ def run_replay(args: argparse.Namespace) -> int:
     GcPolicy.tune()  # the engine allocates as in the worker: the same collector schedule
     config = load_config(args.config)
     try:
-        until = _time_flag(args.until, "--until")
-        clock = _time_flag(args.clock, "--clock")
-    except DecodeError as exc:
-        print(f"oracular replay: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        until = time_flag(args.until, "--until")
+        clock = time_flag(args.clock, "--clock")
+    except ValueError as exc:
+        return fail("replay", str(exc), "give epoch milliseconds or an ISO-8601 time")
     source = Path(args.events)
-    try:
-        handle = sys.stdin.buffer if args.events == "-" else source.open("rb")
-    except OSError as exc:
-        print(f"oracular replay: cannot read {source}: {exc.strerror}", file=sys.stderr)
-        return EXIT_USAGE
+    problem = _replay_files_problem(args)
+    if problem:
+        return fail("replay", *problem)
+    handle = sys.stdin.buffer if args.events == "-" else source.open("rb")
     total = None if args.events == "-" else source.stat().st_size
-    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        return fail("replay", f"cannot write --out {args.out}: {exc.strerror}", "write elsewhere")
     config_run = OfflineRun(config, str(source), clock)
     started = time.monotonic()
     progress = Progress("replay", total, enabled=not args.quiet)
@@ -183,8 +206,7 @@ def run_replay(args: argparse.Namespace) -> int:
             _write(out, config_run.feed_line(line))
         _write(out, config_run.finish(END_OF_TIME if until is None else until))
     except EventFileError as exc:  # raised before any line: the file cannot be read at all
-        print(f"oracular replay: {source}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("replay", f"{source}: {exc}", INPUT_TODO)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -192,9 +214,13 @@ def run_replay(args: argparse.Namespace) -> int:
             handle.close()
     progress.close()
     if args.states:
-        with open(args.states, "w", encoding="utf-8") as states:
-            for user, state in config_run.states().items():
-                write_jsonl(states, {"user": user, "state": encoded_state(state)}, "states")
+        try:
+            with open(args.states, "w", encoding="utf-8") as states:
+                for user, state in config_run.states().items():
+                    write_jsonl(states, {"user": user, "state": encoded_state(state)}, "states")
+        except OSError as exc:
+            what = f"cannot write --states {args.states}: {exc.strerror}"
+            return fail("replay", what, "write elsewhere")
     if not args.quiet:
         counts = config_run.counts
         shown = (
@@ -217,15 +243,17 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time_flag(value: str | None, flag: str) -> int | None:
-    """A time flag's value as epoch ms (digits) or ISO-8601, or None when not given.
-
-    Raises:
-        DecodeError: neither, or out of range (the text names the flag).
-    """
-    if value is None:
-        return None
-    return parse_time(int(value) if value.isdigit() else value, flag, None)
+def _replay_files_problem(args: argparse.Namespace) -> tuple[str, str] | None:
+    """Why replay's input or outputs cannot be used, checked before the replay: (what, to
+    do), or None."""
+    problem = None if args.events == "-" else unreadable_input(Path(args.events))
+    if problem:
+        return problem, "check the path"
+    for flag, value in (("--out", args.out), ("--states", args.states)):
+        problem = None if value in (None, "-") else writable_output(Path(value), flag)
+        if problem:
+            return problem, "create it first, or write elsewhere"
+    return None
 
 
 _TOPICS: Final = {PREDICTIONS_ROLE: PREDICTIONS, EPISODES_ROLE: EPISODES, DLQ_ROLE: DLQ}
@@ -253,6 +281,11 @@ def run_tune(args: argparse.Namespace) -> int:
         print(json.dumps([report_to_dict(r) for r in reports], indent=2))
     else:
         print("\n\n".join(format_report(r) for r in reports))
+    if args.evaluate:
+        from engine.tune import compare, format_comparison
+
+        print()
+        print(format_comparison(compare(config, events, reports)))
     return 0
 
 
@@ -264,6 +297,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from engine.evaluate import evaluate, format_scores
 
     config = load_config(args.config)
+    if args.plot:
+        plot_problem = _plot_problem(Path(args.plot))
+        if plot_problem:
+            return fail("evaluate", *plot_problem)
     events = _sorted_events(args, config)
     if events is None:
         return EXIT_USAGE
@@ -275,16 +312,28 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.plot:
         from streams.plots import plot_evaluation
 
-        try:
-            plot_evaluation(result, args.plot)
-        except ImportError:
-            print(
-                "oracular evaluate: --plot needs matplotlib: pip install 'oracular-streams[plot]'",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+        plot_evaluation(result, args.plot)
         print(f"plot: {args.plot}", file=sys.stderr)
     return 0
+
+
+def _plot_problem(path: Path) -> tuple[str, str] | None:
+    """Why `evaluate --plot PATH` cannot be drawn (no matplotlib, a missing directory, a
+    format matplotlib does not write), checked before the evaluation runs; (what, to do)."""
+    try:
+        from streams.plots import supported_formats
+
+        formats = supported_formats()
+    except ImportError:
+        return "--plot needs matplotlib", "pip install 'oracular-streams[plot]'"
+    problem = writable_output(path, "--plot")
+    if problem:
+        return problem, "create it first, or plot elsewhere"
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix not in formats:
+        shown = ", ".join(f".{f}" for f in sorted(formats))
+        return f"--plot {path}: cannot draw a {suffix or 'suffix-less'} file", f"use {shown}"
+    return None
 
 
 def run_check_config(args: argparse.Namespace) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import heapq
 import io
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +23,8 @@ from schemas.events import encode_event
 from schemas.files import CsvColumns, FileFormat, read_lines, write_jsonl
 from schemas.outputs import decode_output
 from streams.admin import BrokerError, no_broker_message, quiet_aiokafka
-from streams.pretty import Tally, format_message
+from streams.cli_common import ORDER_WINDOW_S
+from streams.pretty import Filter, Tally, event_time, format_message
 from streams.progress import Progress
 
 
@@ -101,6 +105,60 @@ QUIET_S = 5.0
 """With `--pretty`, a tally is printed once the outputs have been quiet this long."""
 
 
+MAX_HELD = 100_000
+"""More held outputs than this are printed at once, oldest event time first (bounded memory)."""
+
+
+@dataclass(order=True)
+class _Held:
+    at: int
+    seq: int
+    arrived: float = dataclasses.field(compare=False)
+    topic: str = dataclasses.field(compare=False)
+    message: dict[str, Any] = dataclasses.field(compare=False)
+
+
+class EventTimeOrder:
+    """`oracular tail`: outputs of several partitions and topics, fetched partition by
+    partition, merged by time: each is held for `window_s` of wall time and released in
+    event-time order (streams.pretty.event_time; arrival order among equal times); a window
+    of 0 releases each at once, in arrival order."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._heap: list[_Held] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, topic: str, message: dict[str, Any], timestamp: int, arrived: float) -> None:
+        self._seq += 1
+        at = event_time(message, timestamp)
+        heapq.heappush(self._heap, _Held(at, self._seq, arrived, topic, message))
+
+    def ready(self, now: float, *, catching_up: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """What may be printed at wall time `now`: the earliest held while it has been held
+        for the window (nothing while `catching_up`, unless more than MAX_HELD are held)."""
+        out = []
+        while self._heap:
+            first = self._heap[0]
+            over = len(self._heap) > MAX_HELD
+            if not over and (catching_up or now - first.arrived < self.window_s):
+                break
+            heapq.heappop(self._heap)
+            out.append((first.topic, first.message))
+        return out
+
+    def drain(self) -> list[tuple[str, dict[str, Any]]]:
+        """Everything held, in event-time order."""
+        out = []
+        while self._heap:
+            held = heapq.heappop(self._heap)
+            out.append((held.topic, held.message))
+        return out
+
+
 async def tail_topics(
     bootstrap: str,
     topics: Sequence[str],
@@ -111,10 +169,14 @@ async def tail_topics(
     out: TextIO,
     client: Mapping[str, Any] | None = None,
     tally: Tally | None = None,
+    keep: Filter | None = None,
+    window_s: float = ORDER_WINDOW_S,
 ) -> int:
     """Print output messages as they arrive, until `limit` or `idle_s`: one JSON line each, or,
     with `tally`, one readable line each (streams/pretty.py), counted in `tally`, whose running
-    summary goes to stderr whenever the outputs fall quiet for `QUIET_S`.
+    summary goes to stderr whenever the outputs fall quiet for `QUIET_S`. Only the messages
+    `keep` accepts are shown (and counted); they come out in event-time order within
+    `window_s` (EventTimeOrder).
 
     The caller checked the broker and the topics (`streams.admin.require_broker`).
     """
@@ -127,35 +189,56 @@ async def tail_topics(
         **(client or {}),
     )
     await consumer.start()
+    order = EventTimeOrder(window_s)
     shown = 0
     last = time.monotonic()
     noted = True  # nothing shown since the last quiet note
+
+    def show(released: list[tuple[str, dict[str, Any]]]) -> None:
+        nonlocal shown, noted
+        for topic, message in released:
+            if limit is not None and shown >= limit:
+                return
+            noted = False
+            if tally is None:
+                out.write(_json_line(topic, message) + "\n")
+            else:
+                tally.add(message)
+                out.write(format_message(message, topic) + "\n")
+            shown += 1
+        out.flush()
+
     try:
         while limit is None or shown < limit:
             batches = await consumer.getmany(timeout_ms=500)
-            records = [r for batch in batches.values() for r in batch]
-            quiet = time.monotonic() - last
-            if not records and idle_s is not None and quiet > idle_s:
+            now = time.monotonic()
+            for batch in batches.values():
+                for record in batch:
+                    last = now
+                    message = _decode(record.value)
+                    if keep is None or keep(message):
+                        order.push(record.topic, message, record.timestamp, now)
+            show(order.ready(now, catching_up=await _catching_up(consumer)))
+            quiet = now - last
+            if not order and idle_s is not None and quiet > idle_s:
                 break
-            if not records and tally is not None and not noted and quiet > QUIET_S:
+            if not order and tally is not None and not noted and quiet > QUIET_S:
                 print(f"-- quiet for {QUIET_S:g} s; so far: {tally.summary()}", file=sys.stderr)
                 noted = True
-            for record in records:
-                last = time.monotonic()
-                noted = False
-                message = _decode(record.value)
-                if tally is None:
-                    out.write(_json_line(record.topic, message) + "\n")
-                else:
-                    tally.add(message)
-                    out.write(format_message(message, record.topic) + "\n")
-                shown += 1
-                if limit is not None and shown >= limit:
-                    break
-            out.flush()
     finally:
+        with contextlib.suppress(Exception):  # Ctrl-C: what was held still comes out
+            show(order.drain())
         await consumer.stop()
     return shown
+
+
+async def _catching_up(consumer: AIOKafkaConsumer) -> bool:
+    """True while a partition's position is behind the end the consumer last saw."""
+    for tp in consumer.assignment():
+        end = consumer.highwater(tp)
+        if end is not None and await consumer.position(tp) < end:
+            return True
+    return False
 
 
 def _decode(value: bytes | None) -> dict[str, Any]:

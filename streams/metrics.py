@@ -1,8 +1,15 @@
-"""Prometheus text exposition (format 0.0.4) for the worker's `/metrics`, without a dependency.
+"""The worker's `/metrics`: its families written by prometheus-client, with the process's own.
 
 `Metrics` keeps what only the API sees (lookups, forwards, batch timings); the processor's
 counters are read when scraped (`processor_families`), whatever their names are, so counters
-added to `Processor.counts` show up without a change here.
+added to `Processor.counts` show up without a change here. `render` hands the families to
+prometheus-client's exposition (the Prometheus text format, or OpenMetrics) together with its
+process, platform and garbage-collector collectors: `process_cpu_seconds_total`,
+`process_resident_memory_bytes`, `process_open_fds`, `process_max_fds`,
+`process_start_time_seconds`, `python_gc_*`, `python_info`.
+
+Each worker process serves its own `/metrics` on its own API port (`--processes N`: the API port
+plus i for process i), so a scrape of every port sees every process (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -14,7 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+"""What `render` writes: the Prometheus text format (legacy names, as 0.0.4 has them)."""
+OPENMETRICS_CONTENT_TYPE: Final = OPENMETRICS_TYPE
+"""What `render(..., openmetrics=True)` writes."""
 BATCH_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LOOKUP_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -25,26 +41,6 @@ def metric_name(text: str) -> str:
     """`text` as a Prometheus name: [a-zA-Z_:][a-zA-Z0-9_:]*, lower case."""
     name = re.sub(r"[^a-zA-Z0-9_]", "_", text).lower().strip("_") or "unnamed"
     return name if not name[0].isdigit() else f"_{name}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
 
 
 @dataclass
@@ -61,13 +57,20 @@ class Family:
         self.samples.append((suffix, labels, value))
         return self
 
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        lines += [
-            f"{self.name}{suffix}{_labels(labels)} {_number(value)}"
-            for suffix, labels, value in self.samples
-        ]
-        return "\n".join(lines)
+    def metric(self) -> Metric:
+        """The family as prometheus-client's Metric (a counter's name without its `_total`,
+        which the exposition adds back)."""
+        kind = self.kind
+        base = self.name
+        if kind == "counter":
+            if base.endswith("_total"):
+                base = base.removesuffix("_total")
+            else:
+                kind = "unknown"  # a counter's samples must end in _total: not claimed as one
+        metric = Metric(base, self.help, kind)
+        for suffix, labels, value in self.samples:
+            metric.add_sample(self.name + suffix, dict(labels), value)
+        return metric
 
 
 @dataclass
@@ -90,7 +93,7 @@ class Histogram:
         family = Family(name, "histogram", help_text)
         for labels, counts in sorted(self.counts.items()):
             for bound, count in zip(self.buckets, counts, strict=False):
-                family.add(count, (*labels, ("le", _number(bound))), "_bucket")
+                family.add(count, (*labels, ("le", _bound(bound))), "_bucket")
             family.add(counts[-1], (*labels, ("le", "+Inf")), "_bucket")
             family.add(self.sums[labels], labels, "_sum")
             family.add(counts[-1], labels, "_count")
@@ -248,13 +251,39 @@ def monitor_families(monitor: Any) -> list[Family]:
     return families
 
 
-def render(families: Iterable[Family]) -> str:
-    """The exposition text of `families` (each name once, newline at the end)."""
-    seen: set[str] = set()
-    chunks = []
-    for family in families:
-        if family.name in seen:
-            continue
-        seen.add(family.name)
-        chunks.append(family.render())
-    return "\n".join(chunks) + "\n"
+def _bound(value: float) -> str:
+    """A bucket bound as Prometheus writes `le` (`0.005`, `1.0`, `+Inf`)."""
+    return "+Inf" if math.isinf(value) else repr(float(value))
+
+
+_PROCESS: Final = CollectorRegistry(auto_describe=False)
+"""This process's own metrics (prometheus-client's collectors, in a registry of their own)."""
+ProcessCollector(registry=_PROCESS)
+PlatformCollector(registry=_PROCESS)
+GCCollector(registry=_PROCESS)
+
+
+@dataclass
+class _Collected:
+    """`families` and prometheus-client's process collectors, as one collector to expose."""
+
+    families: list[Family]
+    process: bool
+
+    def collect(self) -> Iterable[Metric]:
+        seen: set[str] = set()
+        for family in self.families:
+            if family.name not in seen:
+                seen.add(family.name)
+                yield family.metric()
+        if self.process:
+            yield from _PROCESS.collect()
+
+
+def render(families: Iterable[Family], *, process: bool = True, openmetrics: bool = False) -> str:
+    """The exposition text of `families` (each name once) and, with `process`, this process's
+    own metrics: the Prometheus text format (CONTENT_TYPE), or OpenMetrics
+    (OPENMETRICS_CONTENT_TYPE)."""
+    collected = _Collected(list(families), process)
+    write = generate_openmetrics if openmetrics else generate_latest
+    return write(collected).decode("utf-8")  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -132,6 +133,11 @@ def _dead_letter(message: Mapping[str, Any]) -> str:
     )
 
 
+CLOSE_REASONS = {"timeout": "timed out", "end": "ended by sign-out"}
+"""An episode close's `reason` in words: idle for the episode timeout (found by the timer or by
+the user's next event, whichever came first), or an `end` event (a sign-out)."""
+
+
 class Tally:
     """Counts of the messages shown: predictions (and reveals per intent), episodes, dead
     letters, others."""
@@ -152,22 +158,75 @@ class Tally:
             self.closes[str(message.get("reason"))] += 1
 
     def summary(self) -> str:
-        """`1,534 predictions (141 reveals: upgrade 86, ...), 573 episodes closed (573 by
-        timeout), 0 dead letters`."""
-        predictions = _count(self.kinds["prediction"], "prediction")
+        """`1,534 predictions (141 reveals: upgrade 86, ...), 573 episodes closed (573 timed
+        out), 0 dead letters`."""
+        predictions = plural(self.kinds["prediction"], "prediction")
         if self.reveals:
             each = ", ".join(f"{name} {n:,}" for name, n in sorted(self.reveals.items()))
-            predictions += f" ({_count(sum(self.reveals.values()), 'reveal')}: {each})"
+            predictions += f" ({plural(sum(self.reveals.values()), 'reveal')}: {each})"
         else:
             predictions += " (no reveals)"
-        episodes = _count(self.kinds["episode"], "episode") + " closed"
+        episodes = plural(self.kinds["episode"], "episode") + " closed"
         if self.closes:
-            episodes += f" ({', '.join(f'{n:,} by {r}' for r, n in sorted(self.closes.items()))})"
-        parts = [predictions, episodes, _count(self.kinds["dead letter"], "dead letter")]
+            reasons = (f"{n:,} {CLOSE_REASONS.get(r, r)}" for r, n in sorted(self.closes.items()))
+            episodes += f" ({', '.join(reasons)})"
+        parts = [predictions, episodes, plural(self.kinds["dead letter"], "dead letter")]
         if self.kinds["unknown"]:
-            parts.append(_count(self.kinds["unknown"], "other message"))
+            parts.append(plural(self.kinds["unknown"], "other message"))
         return ", ".join(parts)
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def event_time(message: Mapping[str, Any], fallback: int) -> int:
+    """The time an output speaks of: a prediction's `at`, an episode's `closed_at`; anything
+    else (a dead letter, an unknown message) `fallback`, its record's timestamp."""
+    what = kind(message)
+    value = message.get("at") if what == "prediction" else None
+    if what == "episode":
+        value = message.get("closed_at")
+    return value if isinstance(value, int) and not isinstance(value, bool) else fallback
+
+
+@dataclass(frozen=True)
+class Filter:
+    """`oracular tail --user/--intent/--reveals`: which outputs to show (all by default).
+
+    - `users`: only these users' predictions and episodes, and dead letters with their key;
+    - `intents`: only predictions and episodes that speak of one of these intents (dead
+      letters belong to no intent: none);
+    - `reveals`: only predictions with a reveal (of one of `intents`, if given).
+    """
+
+    users: frozenset[str] = frozenset()
+    intents: frozenset[str] = frozenset()
+    reveals: bool = False
+
+    @property
+    def everything(self) -> bool:
+        return not (self.users or self.intents or self.reveals)
+
+    def __call__(self, message: Mapping[str, Any]) -> bool:
+        if self.everything:
+            return True
+        what = kind(message)
+        if self.users:
+            user = message.get("key") if what == "dead letter" else message.get("user")
+            if isinstance(user, bytes):
+                user = user.decode("utf-8", errors="replace")
+            if user not in self.users:
+                return False
+        if what not in ("prediction", "episode"):
+            return not (self.intents or self.reveals)
+        intents = message.get("intents")
+        fields = intents if isinstance(intents, Mapping) else {}
+        named = [name for name in fields if not self.intents or name in self.intents]
+        if not named:
+            return False
+        if self.reveals:
+            return what == "prediction" and any(
+                isinstance(fields[name], Mapping) and fields[name].get("reveal") for name in named
+            )
+        return True

@@ -704,8 +704,8 @@ class Processor:
                     "(arrived later than the allowed lateness); it starts a new episode, "
                     "where a replay would have kept one (closed_early=%s)",
                     event.user,
-                    at,
-                    user.timer_close,
+                    show_time(at),
+                    show_time(user.timer_close),
                     n,
                 )
 

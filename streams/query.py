@@ -112,7 +112,8 @@ def render(body: dict[str, Any], out: TextIO) -> None:
     print(f"user {body['user']}: {known}", file=out)
     print(
         f"  at {_time(body['at'])}   state as of {_time(body['as_of'])}   "
-        f"partition {position['partition']} offset {position['offset']}",
+        f"partition {position['partition']} "
+        + (f"offset {position['offset']}" if position["offset"] is not None else "(no input yet)"),
         file=out,
     )
     print(f"  served by {served['worker']} ({served['role']}), config {body['config']}", file=out)

@@ -179,6 +179,10 @@ def command_problems(doc: str, text: str) -> list[str]:
                 problems.append(f"{doc}:{line}: `oracular {name}`: no such subcommand")
                 continue
             flags = {s for a in parser._actions for s in a.option_strings}
+            nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            words = rest.split()
+            if nested and words and words[0] in nested[0].choices:  # `oracular topics delete`
+                flags |= {s for a in nested[0].choices[words[0]]._actions for s in a.option_strings}
             for flag in re.findall(r"(?<!\S)(--?[a-z][\w-]*)", rest):
                 if flag not in flags:
                     problems.append(f"{doc}:{line}: `oracular {name} {flag}`: no such flag")

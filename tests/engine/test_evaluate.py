@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -97,3 +98,34 @@ def test_reveal_precision_and_recall():
 def test_roc_auc(scored, auc):
     """Mann-Whitney AUC, ties counting a half; undefined with one class."""
     assert roc_auc(scored) == auc
+
+
+def test_roc_and_precision_recall_curves():
+    from engine.evaluate import precision_recall_curve, roc_curve
+
+    scored = [(0.9, True), (0.8, False), (0.8, True), (0.3, False), (0.1, True)]
+    assert roc_curve(scored) == [(0.0, 0.0), (0.0, 1 / 3), (0.5, 2 / 3), (1.0, 2 / 3), (1.0, 1.0)]
+    assert precision_recall_curve(scored) == [
+        (1 / 3, 1.0),
+        (2 / 3, 2 / 3),
+        (2 / 3, 0.5),
+        (1.0, 0.6),
+    ]
+    assert roc_curve([(0.5, True)]) == [] and precision_recall_curve([(0.5, False)]) == []
+    # The area under the ROC curve's steps (trapezoids: ties count a half) is roc_auc's.
+    curve = roc_curve(scored)
+    area = sum((x2 - x1) * (y1 + y2) / 2 for (x1, y1), (x2, y2) in itertools.pairwise(curve))
+    assert area == pytest.approx(roc_auc(scored))
+
+
+def test_the_evaluation_keeps_every_scored_prediction_for_the_plots():
+    events = [
+        Event(user="u1", name="a", at=MONDAY_10),
+        Event(user="u1", name="b", at=MONDAY_10 + MINUTE),
+        Event(user="u1", name="o", at=MONDAY_10 + 2 * MINUTE),
+        Event(user="u2", name="a", at=MONDAY_10 + HOUR),
+    ]
+    result = evaluate(config({"x": {"signals": {"a": 2, "b": 1}, "outcome": "o"}}), events)
+    [score] = result.scores
+    assert len(result.scored["x"]) == score.predictions
+    assert sum(label for _, label, _ in result.scored["x"]) == score.positives

@@ -90,3 +90,49 @@ def test_wilson_interval(k, n, low, high):
     """Wilson endpoints, exactly 0 or 1 at the extremes."""
     got = wilson(k, n)
     assert got == pytest.approx((low, high), abs=1e-4)
+
+
+def test_other_intents_outcomes_are_not_offered_as_signals():
+    cfg = config(
+        {
+            "x": {"signals": {"a": 1}, "outcome": "o"},
+            "y": {"signals": {"b": 1}, "outcome": "p"},
+        }
+    )
+    events = []
+    for n in range(8):
+        start = MONDAY_10 + n * 2 * HOUR
+        events += [
+            Event(user=f"u{n}", name="a", at=start),
+            Event(user=f"u{n}", name="p", at=start + MINUTE),
+            Event(user=f"u{n}", name="o", at=start + 2 * MINUTE),
+        ]
+    names = {r.intent: [s.name for s in r.signals] for r in tune(cfg, events, min_episodes=1)}
+    assert names["x"] == ["a"]  # `p`, y's outcome, is no candidate for x
+    assert names["y"] == ["b", "a"]  # `o` came after `p`: neutral; `a` before it: a candidate
+
+
+def test_compare_evaluates_the_config_the_suggestion_and_the_fitted_scale():
+    from engine.evaluate import evaluate
+    from engine.tune import SCALES, compare, format_comparison
+
+    cfg = config({"x": {"signals": {"a": 1, "b": 1}, "outcome": "o", "threshold": 0.3}})
+    events = []
+    for n in range(12):
+        start = MONDAY_10 + n * 2 * HOUR
+        events += [Event(user=f"u{n}", name="a" if n % 3 else "b", at=start)]
+        if n % 3:
+            events += [Event(user=f"u{n}", name="o", at=start + MINUTE)]
+    reports = tune(cfg, events, min_episodes=1)
+    config_, suggested, fitted = compare(cfg, events, reports)
+    assert [v.name for v in (config_, suggested, fitted)] == ["config", "suggested", "fitted"]
+    assert config_.scores["x"] == evaluate(cfg, events).scores[0]
+    assert suggested.weights["x"] == {s.name: s.suggested for s in reports[0].signals}
+    factor = fitted.scale["x"]
+    assert factor in SCALES
+    assert fitted.weights["x"] == {
+        n: round(w * factor, 2) for n, w in suggested.weights["x"].items()
+    }
+    assert fitted.scores["x"].brier <= suggested.scores["x"].brier
+    text = format_comparison([config_, suggested, fitted])
+    assert f"x          fitted x{factor:g}" in text

@@ -226,3 +226,25 @@ def test_cluster_ids_never_start_with_a_dash(tmp_path: Path, monkeypatch) -> Non
     draws = iter([b"\xfb" + bytes(15), bytes(16)])  # base64 of 0xfb... starts with '-'
     monkeypatch.setattr(broker.os, "urandom", lambda n: next(draws))
     assert not broker.cluster_id(tmp_path).startswith("-")
+
+
+def test_a_process_whose_main_thread_ended_is_alive_while_another_thread_runs() -> None:
+    """A JVM's main thread ends before its shutdown hooks: the process then shows as a zombie
+    while they still hold the ports (`make broker-down` said "stopped" a second early)."""
+    code = (
+        "import ctypes, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        stat_path = Path(f"/proc/{process.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat_path.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread never ended"
+            time.sleep(0.05)
+        assert broker.pid_alive(process.pid)  # its other thread still runs
+    finally:
+        process.kill()
+        process.wait()
+    assert not broker.pid_alive(process.pid)

@@ -82,7 +82,7 @@ def test_tail_follows_a_prefixed_runs_suffixed_outputs(kafka, name):
         ]
     )
     assert (
-        "tail: 1 prediction (1 reveal: upgrade 1), 1 episode closed (1 by timeout), "
+        "tail: 1 prediction (1 reveal: upgrade 1), 1 episode closed (1 timed out), "
         "1 dead letter" in pretty.stderr
     )
 
@@ -102,7 +102,9 @@ def test_tail_refuses_a_prefix_or_suffix_whose_topics_the_broker_does_not_have(k
     missing = _tail(kafka, "--topic-prefix", prefix, "--topics", "predictions")  # no suffix
     assert missing.returncode == EXIT_UNAVAILABLE
     [line] = missing.stderr.splitlines()
-    assert f"topic {prefix}.predictions does not exist on " in line
+    assert f"topic {prefix}.predictions (did you mean {prefix}.predictions.bf?) does not " in line
     wrong = _tail(kafka, "--topic-prefix", prefix, "--output-suffix", ".x", "--topics", "dlq")
     assert wrong.returncode == EXIT_UNAVAILABLE
-    assert f"topic {prefix}.events.dlq.x does not exist on " in wrong.stderr
+    assert f"topic {prefix}.events.dlq.x (did you mean {prefix}.events.dlq.bf?) does " in (
+        wrong.stderr
+    )

@@ -248,7 +248,7 @@ def historical_stream(config: EngineConfig, *, events: int, seed: int) -> list[E
     return stream
 
 
-CLOSED_EARLY_LINE = re.compile(r"user '([^']*)': input at (\d+) arrived after the timer closed")
+CLOSED_EARLY_LINE = re.compile(r"user '([^']*)': input at (\S+) arrived after the timer closed")
 
 
 def closed_early_users(log: str) -> list[str]:

@@ -72,9 +72,9 @@ def test_a_missing_topic_is_one_line_and_exit_69(kafka, name, tmp_path, command,
     assert "Traceback" not in done.stderr + done.stdout
     [line] = done.stderr.splitlines()  # no "not found in cluster metadata" spam
     assert line == (
-        f"oracular {command}: {missing.format(p=prefix)} not exist on {kafka}. Create the "
+        f"oracular {command}: {missing.format(p=prefix)} not exist on {kafka} — create the "
         "product topics with `make topics` (or start `oracular worker`, which creates them); "
-        "check ORACULAR_TOPIC_PREFIX."
+        "check ORACULAR_TOPIC_PREFIX; `oracular topics list` shows the topics there are"
     )
     assert elapsed < COMMAND_TIMEOUT_S
     assert asyncio.run(_topics_named(kafka, prefix)) == []  # it created none

@@ -160,8 +160,10 @@ def test_load_config_reads_a_file_with_a_byte_order_mark(tmp_path, name):
 
 def test_load_config_reports_a_missing_file(tmp_path):
     """A missing file says so."""
-    with pytest.raises(ConfigError, match="cannot read the config file"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such config file"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="a directory, not a config file"):
+        load_config(tmp_path)
 
 
 DURATION_TEXTS = [

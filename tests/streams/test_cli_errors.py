@@ -67,6 +67,8 @@ def _events_file(tmp_path: Path) -> Path:
         ("produce", ["SHOP", *SHOP_FLAGS]),  # the column flags are produce's too
         ("tail", ["--max", "1"]),
         ("reset", ["some-app", "--dry-run"]),
+        ("topics", ["list"]),
+        ("topics", ["delete", "some-run", "--dry-run"]),
     ],
 )
 def test_broker_down_is_one_line_and_exit_69(command, args, closed_port, tmp_path, shop_csv):
@@ -77,7 +79,8 @@ def test_broker_down_is_one_line_and_exit_69(command, args, closed_port, tmp_pat
     assert "Traceback" not in done.stderr + done.stdout
     [line] = done.stderr.splitlines()
     assert line.startswith(f"oracular {command}: no Kafka broker answered at {closed_port}")
-    assert "`make broker-up`" in line
+    assert "(the connection was refused after " in line  # not "within 5 s": it was at once
+    assert " — start the local one with `make broker-up`" in line
     assert elapsed < COMMAND_TIMEOUT_S
 
 
@@ -99,7 +102,8 @@ def test_produce_checks_the_file_before_the_broker(closed_port, tmp_path, capsys
     assert err.splitlines() == [
         f"oracular produce: {path}: line 1: the CSV header has no column 'user' (the user id, "
         "--user-col) or 'time' (the time, --time-col); its columns are 'user_id', 'event', "
-        "'timestamp'"
+        "'timestamp' — fix the file, or map its columns with --user-col/--event-col/--time-col "
+        "(docs/tools.md)"
     ]
 
 
@@ -110,7 +114,8 @@ def test_produce_with_no_event_to_send_exits_2_and_says_so(closed_port, tmp_path
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("oracular produce: skipped line 1: a JSON array, not an object")
     assert (
-        err[-1] == f"oracular produce: {path}: no event to send (2 line(s) skipped); nothing sent"
+        err[-1] == f"oracular produce: {path}: no event to send (2 line(s) skipped); nothing sent "
+        "— give produce a file with events"
     )
 
 
@@ -259,3 +264,126 @@ def test_backfill_refuses_bad_process_flags_in_one_line_before_any_broker(
     assert done.returncode == EXIT_USAGE, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
+    """The usual mistakes with every command, and what the one line must say."""
+    empty = tmp / "empty.jsonl"
+    empty.write_text("")
+    empty_config = tmp / "empty.yaml"
+    empty_config.write_text("")
+    typo_config = tmp / "typo.yaml"
+    typo_config.write_text(CONFIG.read_text().replace("halfLife", "halfLive", 1))
+    broken = tmp / "broken.yaml"
+    broken.write_text("a: [\n")
+    events = _events_file(tmp)
+    cfg = ["--config", str(CONFIG)]
+    missing = str(tmp / "nope.jsonl")
+    return [
+        (["tial"], "invalid choice: 'tial'"),
+        (["tial"], "(did you mean tail?)"),
+        (
+            ["replay", str(events), "--confg", "x"],
+            "unknown argument(s) --confg (did you mean --config?)",
+        ),
+        (["tune", str(events), *cfg, "--min-episode", "3"], "(did you mean --min-episodes?)"),
+        (["tail", "--max", "-1"], "argument --max: must be at least 1 (got -1)"),
+        (["tail", "--idle", "0"], "argument --idle: must be more than 0 (got 0)"),
+        (["tail", "--topics", "predicitons"], "(did you mean predictions?)"),
+        (["topics", "delete", "x", "--dryrun"], "(did you mean --dry-run?)"),
+        (
+            ["query", "u1", "--at", "soon"],
+            "argument --at: must be epoch milliseconds or an ISO-8601",
+        ),
+        (["replay", missing, *cfg], f"no such file {missing}"),
+        (["tune", missing, *cfg], f"no such file {missing}"),
+        (["evaluate", missing, *cfg], f"no such file {missing}"),
+        (["produce", missing], f"no such file {missing}"),
+        (["evaluate", str(tmp), *cfg], f"{tmp} is a directory, not an events file"),
+        (["evaluate", str(empty), *cfg], f"{empty} holds no event"),
+        (["tune", str(empty), *cfg], f"{empty} holds no event"),
+        (
+            ["evaluate", str(events), *cfg, "--plot", "/nonexistent/d/e.png"],
+            "the directory /nonexistent/d does not exist",
+        ),
+        (["evaluate", str(events), *cfg, "--plot", str(tmp / "e.txt")], "cannot draw a txt file"),
+        (
+            ["replay", str(events), *cfg, "--out", "/nonexistent/x.jsonl"],
+            "--out /nonexistent/x.jsonl: the directory",
+        ),
+        (
+            ["replay", str(events), *cfg, "--states", "/nonexistent/s.txt"],
+            "--states /nonexistent/s.txt: the directory",
+        ),
+        (["replay", str(events), *cfg, "--until", "soon"], "--until must be epoch milliseconds"),
+        (
+            ["check-config", str(empty_config)],
+            "the file is empty: a config is a mapping with `intents:`",
+        ),
+        (
+            ["check-config", str(broken)],
+            f"{broken}: not valid YAML: while parsing a flow node, expected the node content, "
+            "but found '<stream end>' at line 2, column 1 — fix the config",
+        ),
+        (
+            ["check-config", str(tmp / "nope.yaml")],
+            "nope.yaml: no such config file — check the path",
+        ),
+        (["replay", str(events), "--config", str(tmp)], "a directory, not a config file — check"),
+        (
+            ["worker", "--config", str(CONFIG), "--processes", "0"],
+            "argument --processes: must be at least 1",
+        ),
+        (
+            ["backfill", "--config", str(CONFIG), "--since", "soon"],
+            "--since must be epoch milliseconds",
+        ),
+    ]
+
+
+def test_every_command_answers_the_usual_mistakes_in_one_line_with_what_to_do(tmp_path, capsys):
+    """docs/tools.md "Errors": `oracular COMMAND: WHAT — WHAT TO DO`, one line, exit 2."""
+    for argv, expected in _mistakes(tmp_path):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == EXIT_USAGE, (argv, err)
+        assert "Traceback" not in err
+        [line] = err.splitlines()
+        command = "" if argv[0] == "tial" else f" {argv[0]}"
+        prefix = f"oracular{command}"
+        if argv[:2] == ["topics", "delete"]:
+            prefix += " delete"
+        assert line.startswith(f"{prefix}: "), (argv, line)
+        assert " — " in line, (argv, line)
+        assert expected in line, (argv, line)
+
+
+def test_a_config_with_several_problems_names_each_with_a_hint(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(CONFIG.read_text().replace("halfLife", "halfLive"))
+    assert main(["check-config", str(typo)]) == EXIT_USAGE
+    head, *problems = capsys.readouterr().err.splitlines()
+    assert head.startswith("oracular check-config: the config: ")
+    assert head.endswith(" problems — fix the config (docs/configuration.md):")
+    assert problems and all("unknown key (did you mean halfLife?)" in p for p in problems)
+
+
+def test_query_of_a_user_with_no_input_yet_prints_no_offset_none():
+    from streams.query import render
+
+    body = {
+        "user": "u9",
+        "known": False,
+        "at": TS,
+        "as_of": TS,
+        "position": {"partition": 3, "offset": None},
+        "served_by": {"worker": "http://w1", "role": "active"},
+        "config": "abc",
+        "intents": {},
+    }
+    out = io.StringIO()
+    render(body, out)
+    assert "partition 3 (no input yet)" in out.getvalue() and "None" not in out.getvalue()

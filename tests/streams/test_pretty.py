@@ -137,8 +137,8 @@ def test_the_tally_counts_kinds_reveals_and_close_reasons():
     tally.add(dlq_message("bad", topic="t", partition=0, offset=1, key=None, value=b"x"))
     tally.add({"undecodable": "x"})
     assert tally.summary() == (
-        "3 predictions (2 reveals: upgrade 2), 2 episodes closed (1 by end, 1 by timeout), "
-        "1 dead letter, 1 other message"
+        "3 predictions (2 reveals: upgrade 2), 2 episodes closed (1 ended by sign-out, "
+        "1 timed out), 1 dead letter, 1 other message"
     )
 
 
@@ -172,3 +172,65 @@ def test_what_is_not_an_output_map_is_shown_as_undecodable(raw):
     message = _decode(raw)
     assert message == {"undecodable": raw.decode("latin-1")}
     assert format_message(message, "t").startswith("undecodable message on t: ")
+
+
+def test_tail_prints_what_it_holds_in_event_time_order_after_the_window():
+    """Partition 1's later outputs fetched before partition 0's earlier ones come out merged
+    by event time (a prediction's `at`, an episode's `closed_at`, else the record time)."""
+    from streams.kafkatools import EventTimeOrder
+
+    order = EventTimeOrder(window_s=2.0)
+    late = {**PREDICTION, "at": AT + 10_000}
+    closed = {**EPISODE, "closed_at": AT + 5_000}
+    dead = dlq_message("bad", topic="t", partition=0, offset=1, key=None, value=b"x")
+    order.push("p", late, timestamp=0, arrived=100.0)
+    order.push("e", closed, timestamp=0, arrived=100.5)
+    order.push("p", PREDICTION, timestamp=0, arrived=101.0)
+    order.push("d", dead, timestamp=AT + 7_000, arrived=101.0)
+    assert order.ready(101.5) == []  # the earliest held arrived 0.5 s ago
+    assert order.ready(110.0, catching_up=True) == []  # still reading the topics' history
+    assert order.ready(110.0) == [("p", PREDICTION), ("e", closed), ("d", dead), ("p", late)]
+    assert len(order) == 0
+
+    at_once = EventTimeOrder(window_s=0)
+    at_once.push("p", late, timestamp=0, arrived=1.0)
+    assert at_once.ready(1.0) == [("p", late)]
+    at_once.push("p", late, timestamp=0, arrived=2.0)
+    at_once.push("p", PREDICTION, timestamp=0, arrived=2.0)
+    assert at_once.drain() == [("p", PREDICTION), ("p", late)]
+
+
+def test_tail_filters_by_user_intent_and_reveal():
+    from streams.pretty import Filter
+
+    dead = dlq_message("bad", topic="t", partition=0, offset=1, key=b"user-00116", value=b"x")
+    other = {**PREDICTION, "user": "u2"}
+    messages = [PREDICTION, OUTCOME, EPISODE, dead, other]
+    assert [Filter()(m) for m in messages] == [True] * 5
+    by_user = Filter(users=frozenset({"user-00116"}))
+    assert [by_user(m) for m in messages] == [True, True, True, True, False]
+    churn = Filter(intents=frozenset({"churn"}))
+    assert [churn(m) for m in messages] == [
+        True,
+        False,
+        "churn" in EPISODE["intents"],
+        False,
+        True,
+    ]
+    reveals = Filter(reveals=True)
+    assert [reveals(m) for m in messages] == [True, False, False, False, True]
+    churn_reveals = Filter(intents=frozenset({"churn"}), reveals=True)
+    assert [churn_reveals(m) for m in messages] == [False] * 5
+
+
+def test_topics_list_groups_internal_topics_with_their_app_id():
+    from streams.app import STATE_TABLE
+    from streams.runs import belongs, owner
+
+    assert owner("demo-1.events") == owner("demo-1.predictions.bf") == "demo-1"
+    assert owner(f"demo-1-{STATE_TABLE}-changelog") == "demo-1"
+    assert owner("demo-1-__assignor-__leader") == "demo-1"
+    assert belongs("demo-1.events", "demo-1") and belongs(
+        f"demo-1-{STATE_TABLE}-changelog", "demo-1"
+    )
+    assert not belongs("demo-10.events", "demo-1")

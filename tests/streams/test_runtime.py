@@ -412,3 +412,29 @@ async def test_a_live_batch_encodes_its_states_while_its_outputs_travel(holding,
     for key in (b"u1", b"u2"):
         user = runtime.processor.cache.peek(key)
         assert runtime.table.values[key] == encode_stored(user)
+
+
+def test_a_retriable_coordinator_error_is_logged_as_info():
+    import logging
+
+    from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
+
+    from streams.app import _TransientCoordinatorErrors
+
+    def record(err: Exception) -> logging.LogRecord:
+        return logging.LogRecord(
+            "aiokafka.consumer.group_coordinator",
+            logging.ERROR,
+            __file__,
+            1,
+            "Group Coordinator Request failed: %s",
+            (err,),
+            None,
+        )
+
+    quiet = _TransientCoordinatorErrors()
+    transient = record(GroupCoordinatorNotAvailableError())
+    assert quiet.filter(transient) and transient.levelname == "INFO"
+    assert transient.getMessage().endswith("(retrying)")
+    fatal = record(GroupAuthorizationFailedError())
+    assert quiet.filter(fatal) and fatal.levelname == "ERROR"

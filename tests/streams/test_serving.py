@@ -529,15 +529,43 @@ def test_fausts_own_sensor_is_exported_as_faust_families() -> None:
     monitor.on_send_completed(None, sent, None)
     monitor.on_send_error(None, RuntimeError("broker gone"), sent)
     text = render(monitor_families(monitor))
-    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-    assert samples['faust_messages_received_total{topic="oracular.events"}'] == "3"
-    assert samples['faust_messages_sent_total{topic="oracular.predictions"}'] == "1"
-    assert samples["faust_messages_active"] == "3"
-    assert samples["faust_send_errors_total"] == "1"
-    assert samples['faust_topic_buffer_full_total{topic="oracular.events",partition="1"}'] == "1"
-    assert float(samples["faust_send_latency_avg_seconds"]) > 0
-    assert samples["faust_rebalances_total"] == "0"
+    samples = {
+        name: float(value)
+        for name, value in (
+            line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("faust_")
+        )
+    }
+    assert samples['faust_messages_received_total{topic="oracular.events"}'] == 3
+    assert samples['faust_messages_sent_total{topic="oracular.predictions"}'] == 1
+    assert samples["faust_messages_active"] == 3
+    assert samples["faust_send_errors_total"] == 1
+    assert samples['faust_topic_buffer_full_total{partition="1",topic="oracular.events"}'] == 1
+    assert samples["faust_send_latency_avg_seconds"] > 0
+    assert samples["faust_rebalances_total"] == 0
     assert text.count("# TYPE faust_") == len(samples)  # each family once, one sample each
+
+
+def test_metrics_come_with_the_process_metrics_and_speak_openmetrics_too() -> None:
+    """prometheus-client writes the exposition: this process's own metrics (open file
+    descriptors for the connection-flood alert, memory, CPU) come with the families, and the
+    same families read back through its OpenMetrics parser."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from streams.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.lookup("user", "found", 0.002)
+    families = [*metrics.families(), Family("oracular_odd", "counter", "No _total.").add(1)]
+    text = render(families)
+    for name in ("process_open_fds", "process_resident_memory_bytes", "process_cpu_seconds_total"):
+        assert any(line.startswith(f"{name} ") for line in text.splitlines()), name
+    assert 'oracular_lookups_total{endpoint="user",status="found"} 1.0' in text
+    assert "# TYPE oracular_lookups_total counter" in text
+    assert "# TYPE oracular_odd untyped" in text  # not claimed a counter without _total
+    parsed = {f.name: f for f in text_string_to_metric_families(render(families, openmetrics=True))}
+    assert parsed["oracular_lookups"].type == "counter"
+    assert parsed["oracular_lookup_seconds"].type == "histogram"
+    assert parsed["process_open_fds"].type == "gauge"
 
 
 async def test_oracular_query_prints_the_answer(pair, config, capsys) -> None:

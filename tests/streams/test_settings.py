@@ -237,9 +237,9 @@ def test_a_bad_worker_flag_is_one_line_naming_the_flag(
     code = main(["worker", "--lateness-ms", "soon", "--api-url", "worker-1"])
     assert code == EXIT_USAGE and seen == []
     assert capsys.readouterr().err.splitlines() == [
-        "oracular worker: bad settings:",
-        "--lateness-ms='soon': must be a whole number",
-        "--api-url: must start with http:// (got 'worker-1')",
+        "oracular worker: bad settings: 2 problems — docs/operations.md lists them:",
+        "  --lateness-ms='soon': must be a whole number",
+        "  --api-url: must start with http:// (got 'worker-1')",
     ]
 
 
@@ -298,5 +298,7 @@ def test_a_backfill_suffix_that_makes_an_illegal_name_names_the_suffix() -> None
     from streams.cli_kafka import _backfill_settings
 
     args = _parser().parse_args(["backfill", "--config", str(CONFIG), "--output-suffix", "/x"])
-    with pytest.raises(ValueError, match=r"^bad settings:\n--output-suffix: Topic name"):
+    from streams.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=r"^--output-suffix: Topic name"):
         _backfill_settings(args)
