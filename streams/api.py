@@ -24,9 +24,11 @@ import hmac
 import json
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,6 +45,7 @@ from engine.episodes import Reason
 from schemas.stored import StoredUser
 from streams import faust_patches
 from streams import processor as processor_module
+from streams.front import Guard, GuardedHandler, Limits, internal_error, serve
 from streams.metrics import (
     CONTENT_TYPE,
     Family,
@@ -53,7 +56,6 @@ from streams.metrics import (
 )
 from streams.serving import (
     FORWARDED_HEADER,
-    MAX_BODY_BYTES,
     RETRY_AFTER_S,
     ApiError,
     BatchItem,
@@ -132,6 +134,9 @@ class Api:
     node: Node
     token: str | None = None
     forward_timeout_s: float = 2.0
+    limits: Limits = field(default_factory=Limits)
+    guard: Guard | None = None
+    """The server's connections (set once it serves)."""
     metrics: Metrics = field(default_factory=Metrics)
     session: ClientSession | None = None
     cache: UserCache | None = None
@@ -159,7 +164,9 @@ class Api:
 
 def build_web_app(api: Api) -> web.Application:
     """The aiohttp application of the API (routes, auth, JSON errors, size limits)."""
-    app = web.Application(middlewares=[_errors(api), _auth(api)], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        middlewares=[_front(api), _auth(api)], client_max_size=api.limits.max_body_bytes
+    )
     handlers = _Handlers(api)
     app.router.add_get("/livez", handlers.livez)
     app.router.add_get("/readyz", handlers.readyz)
@@ -191,26 +198,69 @@ def _error_response(exc: ApiError) -> web.Response:
     return _json(exc.body(), exc.status, headers)
 
 
-def _errors(api: Api) -> Any:
+def _front(api: Api) -> Any:
+    """The outermost middleware: marks the connection busy while a request is answered
+    (`streams.front`), refuses a declared body over the limit before reading it, closes a
+    connection at its request limit, and turns every error into JSON: an unexpected one into
+    a 500 that says only "internal error" and an id (logged with the traceback)."""
+    limit = api.limits.max_body_bytes
+
     @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = request.protocol if isinstance(request.protocol, GuardedHandler) else None
+        if conn is not None:
+            conn.begin()
+        closing = False
         try:
-            return await handler(request)
+            check_escapes(request.raw_path)
+            if request.content_length is not None and request.content_length > limit:
+                msg = f"the body is {request.content_length} bytes; the limit is {limit}"
+                raise ApiError(413, msg)
+            response = await handler(request)
         except ApiError as exc:
-            return _error_response(exc)
+            response = _error_response(exc)
+            closing = exc.status in (408, 413)  # the body was not read: the stream is lost
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            body = {"error": exc.reason, "status": exc.status}
+            message = exc.reason
             if exc.status == 413:
-                body["error"] = f"the body is larger than {MAX_BODY_BYTES} bytes"
-            return _json(body, exc.status)
+                message = f"the body is larger than {limit} bytes"
+            response = _json({"error": message, "status": exc.status}, exc.status)
+            closing = exc.status == 413
+        except (asyncio.CancelledError, ConnectionError):
+            raise
         except Exception as exc:
-            log.exception("lookup API: %s %s failed", request.method, request.path)
-            return _json({"error": f"{type(exc).__name__}: {exc}", "status": 500}, 500)
+            response = internal_error(f"{request.method} {request.path}", exc)
+        finally:
+            if conn is not None:
+                closing = conn.end() or closing
+        if closing:
+            response.force_close()
+        return response
 
-    del api
-    return errors
+    return front
+
+
+def check_escapes(raw_path: str) -> None:
+    """400 unless the path's and query's percent-escapes decode as UTF-8 (aiohttp would pass
+    `%ff` on as the three characters, naming another user)."""
+    try:
+        urllib.parse.unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = "the URL has percent-escapes that are not UTF-8 (quote the user id's UTF-8 bytes)"
+        raise ApiError(400, msg) from exc
+
+
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    """The request body, read within the body deadline (408 after it) and the size limit
+    (413: the aiohttp application's client_max_size)."""
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            return await request.read()
+    except TimeoutError as exc:
+        msg = f"the body did not arrive within {limits.body_timeout_s:g} s"
+        raise ApiError(408, msg) from exc
 
 
 def _auth(api: Api) -> Any:
@@ -218,10 +268,12 @@ def _auth(api: Api) -> Any:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         token = api.token
         if token and request.path != "/livez":
-            given = request.headers.get("Authorization", "")
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), token.encode()
+            # Header bytes that are not UTF-8 arrive as surrogate escapes: compared as the
+            # bytes sent, they cannot match (401), and cannot fail to encode.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            scheme, _, value = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                value.strip(), token.encode()
             ):
                 return _json(
                     {"error": "missing or wrong bearer token (ORACULAR_API_TOKEN)", "status": 401},
@@ -277,6 +329,8 @@ class _Handlers:
         for source in ("cache", "table"):
             reads.add(self.api.reads[source], (("source", source),))
         families += [lag, *self.node.gauges(), *self.api.metrics.families(), reads]
+        if self.api.guard is not None:
+            families += self.api.guard.families()
         families.append(
             Family("oracular_config_info", "gauge", "The engine config's hash.").add(
                 1, (("config", self.config_id),)
@@ -384,7 +438,7 @@ class _Handlers:
             raise ApiError(500, msg, partition=partition) from exc
 
     async def _forward_single(self, request: web.Request, url: str) -> tuple[web.Response, str]:
-        body = await request.read() if request.can_read_body else None
+        body = await read_body(request, self.api.limits) if request.can_read_body else None
         status, payload, headers = await self._forward(
             request.method, url, request.path_qs, body, request.headers
         )
@@ -432,7 +486,8 @@ class _Handlers:
         started = time.perf_counter()
         statuses: dict[str, int] = {}
         try:
-            batch = parse_batch(await request.read(), self.api.config)
+            raw = await read_body(request, self.api.limits)
+            batch = parse_batch(raw, self.api.config, self.api.limits.max_body_bytes)
             at = batch.at if batch.at is not None else self.api.clock()
             forwarded = FORWARDED_HEADER in request.headers
             results: list[dict[str, Any] | None] = [None] * len(batch.items)
@@ -542,7 +597,8 @@ class _Handlers:
 
     async def revealed(self, request: web.Request) -> web.Response:
         user = check_user(request.match_info["user"])
-        intent, ts = parse_reveal(await request.read(), self.api.config, self.api.clock())
+        body = await read_body(request, self.api.limits)
+        intent, ts = parse_reveal(body, self.api.config, self.api.clock())
         command = {
             "id": f"api-{uuid.uuid4().hex}",
             "user": user,
@@ -768,10 +824,19 @@ class ApiService(Service):
     STARTUP_TIMEOUT_S = 30.0
 
     def __init__(
-        self, app: Any, web_app: web.Application, sock: socket.socket, url: str, node: Any
+        self,
+        app: Any,
+        api: Api,
+        sock: socket.socket,
+        url: str,
+        node: Any,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__()
-        self.app, self.web_app, self.sock, self.url, self.node = app, web_app, sock, url, node
+        self.app, self.api, self.sock, self.url, self.node = app, api, sock, url, node
+        self.web_app = build_web_app(api)
+        self.ssl_context = ssl_context
         self.runner: web.AppRunner | None = None
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -804,9 +869,9 @@ class ApiService(Service):
         asyncio.set_event_loop(loop)
 
         async def start() -> None:
-            self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
-            await self.runner.setup()
-            await web.SockSite(self.runner, self.sock).start()
+            self.runner, self.api.guard = await serve(
+                self.web_app, self.sock, self.api.limits, ssl_context=self.ssl_context
+            )
 
         try:
             loop.run_until_complete(start())
@@ -901,9 +966,10 @@ def install_serving(app: Any, runtime: Any) -> Api:
         node,
         token=settings.api_token,
         forward_timeout_s=settings.api_forward_timeout_s,
+        limits=Limits.from_settings(settings),
         cache=runtime.processor.cache,
     )
-    service = ApiService(app, build_web_app(api), sock, url, node)
+    service = ApiService(app, api, sock, url, node)
     app.add_dependency(service)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -84,6 +85,11 @@ def check_user(user: object) -> str:
         raise ApiError(400, "a user id must be a non-empty string")
     if len(user) > MAX_USER_CHARS:
         raise ApiError(400, f"a user id is at most {MAX_USER_CHARS} characters ({len(user)})")
+    try:
+        user.encode("utf-8")  # the record key; a lone surrogate (JSON "\ud800") has none
+    except UnicodeEncodeError as exc:
+        msg = f"a user id must be valid Unicode text (a lone surrogate at {exc.start})"
+        raise ApiError(400, msg) from exc
     return user
 
 
@@ -118,6 +124,10 @@ def parse_bool(raw: str | None, name: str) -> bool:
     raise ApiError(400, f"?{name}= must be true or false (got {raw[:32]!r})")
 
 
+_EPOCH_MS: Final = re.compile(r"-?[0-9]{1,19}")
+"""ASCII digits only: `str.isdigit` and `int` also take "²" and full-width digits."""
+
+
 def parse_at(raw: object, now_ms: int) -> int:
     """The read time: `?at=` epoch milliseconds, else now."""
     if raw is None:
@@ -126,7 +136,7 @@ def parse_at(raw: object, now_ms: int) -> int:
         raise ApiError(400, "at must be epoch milliseconds (an integer)")
     if isinstance(raw, int):
         at = raw
-    elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit() and len(raw) < 20:
+    elif isinstance(raw, str) and _EPOCH_MS.fullmatch(raw):
         at = int(raw)
     else:
         raise ApiError(400, f"at must be epoch milliseconds (got {str(raw)[:32]!r})")
@@ -134,6 +144,31 @@ def parse_at(raw: object, now_ms: int) -> int:
         msg = f"at must be epoch milliseconds from {MIN_TIME_MS} to {MAX_TIME_MS} (got {at})"
         raise ApiError(400, msg)
     return at
+
+
+MAX_JSON_DEPTH: Final = 32
+"""Deepest nesting of arrays and objects a request body may have (a batch needs 3)."""
+
+
+_STRINGS: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS: Final = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON: UTF-8, nested at most MAX_JSON_DEPTH deep, else 400."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the body is not UTF-8 (byte {exc.start})") from exc
+    depth = 0
+    for char in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):  # json.loads recurses per level
+        depth += 1 if char in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"the body is not JSON: {str(exc)[:200]}") from exc
 
 
 def batch_body(at: int, counts: Mapping[str, int], results: list[Any]) -> dict[str, Any]:
@@ -196,15 +231,12 @@ class BatchRequest:
         }
 
 
-def parse_batch(body: bytes, config: EngineConfig) -> BatchRequest:
+def parse_batch(body: bytes, config: EngineConfig, max_bytes: int = MAX_BODY_BYTES) -> BatchRequest:
     """Validate a batch body: `{"users": ["u1", {"user": "u2", "intents": [...]}], "at"?,
     "explain"?, "stale"?}`, at most MAX_BATCH users."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    if len(body) > max_bytes:
+        raise ApiError(413, f"the body is {len(body)} bytes; the limit is {max_bytes}")
+    obj = parse_json(body)
     if not isinstance(obj, dict):
         raise ApiError(400, 'the body must be a JSON object: {"users": [...]}')
     unknown = sorted(set(obj) - {"users", "at", "explain", "stale"})
@@ -247,10 +279,7 @@ def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, i
     """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`."""
     if len(body) > 4096:
         raise ApiError(413, f"the body is {len(body)} bytes; the limit is 4096")
-    try:
-        obj = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    obj = parse_json(body or b"null")
     if not isinstance(obj, dict) or "intent" not in obj:
         raise ApiError(400, 'the body must be {"intent": "<declared intent>"} (ts optional)')
     unknown = sorted(set(obj) - {"intent", "ts"})

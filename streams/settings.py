@@ -41,6 +41,17 @@ ROCKSDB_OPTIONS: Final = {
 }
 
 
+def open_file_limit() -> int:
+    """The process's soft limit on open files (`ulimit -n`; 1024 where it cannot be read)."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return soft if 0 < soft < 1 << 30 else 1 << 20
+
+
 class SettingsError(ValueError):
     """A setting has a value the worker cannot use; one line per problem, each naming the
     variable or flag the value came from."""
@@ -191,6 +202,23 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             secret=True),
     Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
             "a lookup forwarded to the owning worker gives up after this (504)"),
+    Setting("api_header_timeout_s", "ORACULAR_API_HEADER_TIMEOUT_S", float, 10.0,
+            "a new API connection whose request line and headers have not all arrived this "
+            "long after it opened is closed (slow or silent clients)"),
+    Setting("api_body_timeout_s", "ORACULAR_API_BODY_TIMEOUT_S", float, 10.0,
+            "a request body not complete this long after its headers: 408, connection closed"),
+    Setting("api_keepalive_s", "ORACULAR_API_KEEPALIVE_S", float, 15.0,
+            "an idle keep-alive connection is closed after this (the next request's headers "
+            "must have arrived by then)"),
+    Setting("api_max_requests_per_connection", "ORACULAR_API_MAX_REQUESTS_PER_CONNECTION", int,
+            1000, "the answer to a connection's Nth request closes it (`Connection: close`)"),
+    Setting("api_max_connections", "ORACULAR_API_MAX_CONNECTIONS", int, None,
+            "open API connections at most; at the cap a new one closes the oldest connection "
+            "with no request in progress, or gets a 503 when every one has one. At most half "
+            "the open-file limit (`ulimit -n`): the rest is RocksDB's and Kafka's",
+            shown="the smaller of 1000 and a quarter of the open-file limit"),
+    Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
+            "largest request body; a larger one, declared or sent, is a 413 before it is read"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -252,12 +280,26 @@ class Settings:
     api_url: str | None = _default("api_url")
     api_token: str | None = field(default=_default("api_token"), repr=False)
     api_forward_timeout_s: float = _default("api_forward_timeout_s")
+    api_header_timeout_s: float = _default("api_header_timeout_s")
+    api_body_timeout_s: float = _default("api_body_timeout_s")
+    api_keepalive_s: float = _default("api_keepalive_s")
+    api_max_requests_per_connection: int = _default("api_max_requests_per_connection")
+    api_max_connections: int | None = _default("api_max_connections")
+    api_max_body_bytes: int = _default("api_max_body_bytes")
     ready_max_lag: int = _default("ready_max_lag")
 
     @property
     def state_dir(self) -> Path:
         """The datadir, defaulting to var/faust/<app id>."""
         return self.datadir if self.datadir is not None else Path("var") / "faust" / self.app_id
+
+    @property
+    def api_connections(self) -> int:
+        """The cap on open API connections: ORACULAR_API_MAX_CONNECTIONS, else the smaller of
+        1000 and a quarter of the open-file limit."""
+        if self.api_max_connections is not None:
+            return self.api_max_connections
+        return max(1, min(1000, open_file_limit() // 4))
 
     @property
     def broker_url(self) -> str:
@@ -397,6 +439,11 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "session_timeout_s",
         "commit_interval_s",
         "api_forward_timeout_s",
+        "api_header_timeout_s",
+        "api_body_timeout_s",
+        "api_keepalive_s",
+        "api_max_requests_per_connection",
+        "api_max_body_bytes",
     )
     for name in positive:
         if getattr(settings, name) <= 0:
@@ -431,6 +478,19 @@ def _check(settings: Settings, label: Any) -> list[str]:
         port = getattr(settings, name)
         if port is not None and not 0 <= port <= 65535:
             problems.append(f"{label(name)}: must be 0-65535 (got {port})")
+    return problems + _check_api(settings, label)
+
+
+def _check_api(settings: Settings, label: Any) -> list[str]:
+    """The lookup API's settings (`_check`)."""
+    problems = []
+    connections = settings.api_max_connections
+    if connections is not None and not 1 <= connections <= open_file_limit() // 2:
+        problems.append(
+            f"{label('api_max_connections')}: must be 1 to {open_file_limit() // 2}, half the "
+            f"open-file limit ({open_file_limit()}; the rest is RocksDB's and Kafka's) "
+            f"(got {connections})"
+        )
     if not settings.api_host.strip():
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):

@@ -31,7 +31,8 @@ from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams import api as api_module
-from streams.api import Api, build_web_app
+from streams.api import Api, bind, build_web_app
+from streams.front import Guard, Limits, serve
 from streams.metrics import Family, monitor_families, render
 from streams.processor import StateCache
 from streams.serving import (
@@ -206,22 +207,48 @@ class FakeNode:
 
 
 @dataclass
+class Served:
+    """An API served as the worker serves it (`streams.front.serve`: guarded connections)."""
+
+    runner: web.AppRunner
+    guard: Guard
+    url: str
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve_api(api: Api, *, ssl_context: Any = None) -> Served:
+    sock = bind("127.0.0.1", 0)
+    runner, guard = await serve(build_web_app(api), sock, api.limits, ssl_context=ssl_context)
+    api.guard = guard
+    scheme = "https" if ssl_context is not None else "http"
+    return Served(runner, guard, f"{scheme}://127.0.0.1:{sock.getsockname()[1]}")
+
+
+@dataclass
 class Worker:
     node: FakeNode
     api: Api
-    server: TestServer
+    server: Served
 
     @property
     def url(self) -> str:
         return self.node.me
 
 
-async def start_worker(config: Any, *, token: str | None = None, timeout_s: float = 2.0) -> Worker:
+async def start_worker(
+    config: Any,
+    *,
+    token: str | None = None,
+    timeout_s: float = 2.0,
+    limits: Limits | None = None,
+    **options: Any,
+) -> Worker:
     node = FakeNode(config)
-    api = Api(node, token=token, forward_timeout_s=timeout_s)
-    server = TestServer(build_web_app(api), host="127.0.0.1")
-    await server.start_server()
-    node.me = str(server.make_url("")).rstrip("/")
+    api = Api(node, token=token, forward_timeout_s=timeout_s, limits=limits or Limits(), **options)
+    server = await serve_api(api)
+    node.me = server.url
     return Worker(node, api, server)
 
 

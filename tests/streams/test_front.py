@@ -1,0 +1,466 @@
+"""The lookup API's front door without a broker: every phase of a connection bounded, every
+malformed request a JSON 4xx (streams/front.py, streams/api.py).
+
+Workers are the API over fake nodes (tests/streams/test_serving.py), served as the worker
+serves it, on 127.0.0.1; clients here are raw sockets where aiohttp's client would be polite.
+Every wait is bounded and polls a condition or reads until the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas.config import load_config
+from streams.front import Limits
+from streams.serving import MAX_JSON_DEPTH
+from tests.streams.test_cli_replay import CONFIG
+from tests.streams.test_serving import Worker, start_worker, user_on
+
+CLOSE_WAIT_S = 5.0  # a connection the server must close is closed within this (busy box)
+TOKEN = "s3cret"
+AUTH = f"Authorization: Bearer {TOKEN}\r\n"
+
+
+@pytest.fixture(scope="module")
+def config() -> Any:
+    return load_config(CONFIG)
+
+
+FAST = Limits(
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+    keepalive_s=0.8,
+    max_requests=3,
+    max_connections=8,
+    max_body_bytes=4096,
+)
+
+
+@pytest.fixture
+async def worker(config: Any) -> AsyncIterator[Worker]:
+    """One worker owning every partition, with short limits and a token."""
+    w = await start_worker(config, token=TOKEN, limits=FAST)
+    w.node.owners = dict.fromkeys(range(4), w.url)
+    w.node.local = dict.fromkeys(range(4), "active")
+    yield w
+    await w.server.close()
+
+
+def port(worker: Worker) -> int:
+    return int(worker.url.rsplit(":", 1)[1])
+
+
+async def connect(worker: Worker) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port(worker))
+
+
+async def read_until_closed(reader: asyncio.StreamReader, timeout_s: float = CLOSE_WAIT_S) -> bytes:
+    """Everything the server sends until it closes the connection (fails if it does not)."""
+    data = b""
+    async with asyncio.timeout(timeout_s):
+        while chunk := await reader.read(65536):
+            data += chunk
+    return data
+
+
+def parse(raw: bytes) -> tuple[int, dict[str, str], Any]:
+    """(status, headers, JSON body) of one HTTP/1.1 answer."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, headers, json.loads(body) if body else None
+
+
+async def request(worker: Worker, raw: bytes) -> tuple[int, dict[str, str], Any]:
+    """Send `raw` on a new connection and read the one answer (connection: close)."""
+    reader, writer = await connect(worker)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            head = await reader.readuntil(b"\r\n\r\n")
+            status, headers, _ = parse(head)
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return status, headers, json.loads(body) if body else None
+    finally:
+        writer.close()
+
+
+def get(path: str, *, auth: str = AUTH, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}{extra}Connection: close\r\n\r\n".encode()
+
+
+# --- every phase bounded -----------------------------------------------------------------
+
+
+async def test_a_silent_connection_is_closed_at_the_header_deadline(worker: Worker) -> None:
+    reader, writer = await connect(worker)
+    started = time.monotonic()
+    assert await read_until_closed(reader) == b""
+    assert FAST.header_timeout_s * 0.9 <= time.monotonic() - started < CLOSE_WAIT_S
+    assert worker.server.guard.closed["header_timeout"] == 1
+    writer.close()
+
+
+async def test_slowloris_headers_are_closed_at_the_header_deadline(worker: Worker) -> None:
+    """Headers a few bytes at a time, never complete: closed at the deadline, though bytes
+    keep arriving (aiohttp alone waits while they do)."""
+    reader, writer = await connect(worker)
+    started = time.monotonic()
+    closed = asyncio.create_task(read_until_closed(reader))
+    writer.write(b"GET /v1/users/u1 HTTP/1.1\r\n")
+    for n in range(100):  # bounded: the server closes long before
+        if closed.done():
+            break
+        try:
+            writer.write(f"X-Slow-{n}: y\r\n".encode())
+            await writer.drain()
+        except ConnectionError:
+            break
+        await asyncio.sleep(0.05)
+    assert await closed == b""
+    assert time.monotonic() - started < CLOSE_WAIT_S
+    writer.close()
+
+
+def post_head(length: int, path: str = "/v1/lookup") -> bytes:
+    """A POST's request line and headers declaring a body of `length` bytes."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def answer_to(worker: Worker, raw: bytes) -> tuple[int, dict[str, str], Any, float]:
+    """Send `raw`, read until the server closes: (status, headers, body, seconds taken)."""
+    reader, writer = await connect(worker)
+    try:
+        writer.write(raw)
+        started = time.monotonic()
+        status, headers, body = parse(await read_until_closed(reader))
+        return status, headers, body, time.monotonic() - started
+    finally:
+        writer.close()
+
+
+async def test_a_huge_declared_body_is_a_413_before_it_is_read(worker: Worker) -> None:
+    status, headers, body, took = await answer_to(worker, post_head(1 << 30))
+    assert status == 413 and body["status"] == 413 and str(FAST.max_body_bytes) in body["error"]
+    assert headers["connection"] == "close" and took < CLOSE_WAIT_S  # then it lingers 0.5 s
+
+
+async def test_a_body_that_does_not_arrive_is_a_408(worker: Worker) -> None:
+    status, headers, body, _ = await answer_to(worker, post_head(100) + b'{"users": [')
+    assert status == 408 and "did not arrive" in body["error"]
+    assert headers["connection"] == "close"
+
+
+async def test_keep_alive_is_bounded_in_time_and_requests(worker: Worker) -> None:
+    reader, writer = await connect(worker)
+    keep = f"GET /livez HTTP/1.1\r\nHost: x\r\n{AUTH}\r\n".encode()
+    closes = []
+    for _ in range(FAST.max_requests):
+        writer.write(keep)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CLOSE_WAIT_S)
+        _, headers, _ = parse(head)
+        await reader.readexactly(int(headers["content-length"]))
+        closes.append(headers.get("connection", "keep-alive").lower())
+    assert closes == ["keep-alive"] * (FAST.max_requests - 1) + ["close"]
+    assert await read_until_closed(reader) == b""
+    writer.close()
+    reader, writer = await connect(worker)  # an idle keep-alive connection
+    writer.write(keep)
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CLOSE_WAIT_S)
+    started = time.monotonic()
+    await read_until_closed(reader)
+    assert time.monotonic() - started >= FAST.keepalive_s * 0.5
+    writer.close()
+
+
+async def test_at_the_connection_cap_the_oldest_idle_one_makes_room(worker: Worker) -> None:
+    """More silent connections than the cap: the guard never holds more than the cap, and an
+    authorized lookup still answers at once (the oldest silent connection is closed)."""
+    user = user_on(1)
+    silent = [await connect(worker) for _ in range(FAST.max_connections * 3)]
+    try:
+        guard = worker.server.guard
+        assert len(guard.connections) <= FAST.max_connections
+        status, _, body = await request(worker, get(f"/v1/users/{user}"))
+        assert status == 200 and body["user"] == user
+        assert guard.closed["evicted"] >= FAST.max_connections * 2
+    finally:
+        for _, writer in silent:
+            writer.close()
+
+
+async def test_when_every_connection_is_busy_a_new_one_gets_a_json_503(worker: Worker) -> None:
+    head = post_head(100)
+    busy = []
+    for _ in range(FAST.max_connections):  # each waits for its body: a request in progress
+        reader, writer = await connect(worker)
+        writer.write(head)
+        busy.append((reader, writer))
+    guard = worker.server.guard
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    while sum(c.busy for c in guard.connections) < FAST.max_connections:
+        assert time.monotonic() < deadline, "the connections never became busy"
+        await asyncio.sleep(0.01)
+    reader, writer = await connect(worker)
+    status, headers, body = parse(await read_until_closed(reader))
+    assert status == 503 and headers["retry-after"] == "1" and "too many" in body["error"]
+    writer.close()
+    for reader, writer in busy:  # their bodies never come: 408 each, and room again
+        assert parse(await read_until_closed(reader))[0] == 408
+        writer.close()
+    status, _, _ = await request(worker, get("/readyz"))
+    assert status == 200
+
+
+# --- every malformed request a JSON 4xx ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"y" * 9000 + b"\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % n for n in range(80)) + b"\r\n",
+        b"GET /livez HTTP/1.1\r\nContent-Length: nope\r\n\r\n",
+        b"G\x00T /livez HTTP/1.1\r\n\r\n",
+    ],
+    ids=["garbage", "long-header", "many-headers", "bad-length", "nul"],
+)
+async def test_aiohttps_parser_errors_are_json(worker: Worker, raw: bytes) -> None:
+    reader, writer = await connect(worker)
+    writer.write(raw)
+    status, headers, body = parse(await read_until_closed(reader))
+    assert 400 <= status < 500 and body["status"] == status, body
+    assert headers["content-type"].startswith("application/json")
+    assert "Traceback" not in json.dumps(body)
+    writer.close()
+
+
+def post(path: str, body: bytes, *, auth: str = AUTH) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+MALFORMED = {
+    "deep-batch": post("/v1/lookup", b'{"users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "deep-reveal": post("/v1/users/u1/revealed", b'{"intent": ' + b"[" * 50_000 + b"}"),
+    "just-deep-enough": post(
+        "/v1/lookup", b'{"users": ["u1"], "x": ' + b"[" * MAX_JSON_DEPTH + b"]" * 32 + b"}"
+    ),
+    "lone-surrogate": post("/v1/lookup", b'{"users": ["\\ud800"]}'),
+    "lone-surrogate-item": post("/v1/lookup", b'{"users": [{"user": "a\\udfff"}]}'),
+    "not-utf8-body": post("/v1/lookup", b'{"users": ["\xff\xfe"]}'),
+    "superscript-at": get("/v1/users/u1?at=%C2%B2"),
+    "fullwidth-at": get("/v1/users/u1?at=%EF%BC%91%EF%BC%92%EF%BC%93"),
+    "arabic-at": get("/v1/users/u1?at=%D9%A1%D9%A2"),
+    "padded-at": get("/v1/users/u1?at=%201767261600000"),
+    "huge-at": get("/v1/users/u1?at=99999999999999999999999"),
+    "year-9999-at": get("/v1/users/u1?at=253402300800000"),
+    "undecodable-at": get("/v1/users/u1?at=%ff%fe"),
+    "undecodable-flag": get("/v1/users/u1?explain=%ff"),
+    "undecodable-user": get("/v1/users/%ff%fe"),
+    "surrogate-escape-user": get("/v1/users/%ed%a0%80"),
+    "undecodable-intent": get("/v1/users/u1/intents/%ff"),
+    "batch-fullwidth-at": post("/v1/lookup", '{"users": ["u1"], "at": "１２"}'.encode()),
+    "reveal-fullwidth-ts": post(
+        "/v1/users/u1/revealed", '{"intent": "upgrade", "ts": "１"}'.encode()
+    ),
+    "reveal-float-ts": post("/v1/users/u1/revealed", b'{"intent": "upgrade", "ts": 1e300}'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+async def test_a_malformed_request_is_a_json_4xx(worker: Worker, name: str) -> None:
+    status, headers, body = await request(worker, MALFORMED[name])
+    assert 400 <= status < 500, (status, body)
+    assert headers["content-type"].startswith("application/json") and body["status"] == status
+    assert worker.node.appended == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"Bearer \xff\xfe", b"\xff", b"Bearer s3cret\xff", b"Bearer " + "s3cr\u00e9t".encode()],
+)
+async def test_an_authorization_header_that_is_not_utf8_is_a_401(
+    worker: Worker, value: bytes
+) -> None:
+    raw = b"GET /v1/users/u1 HTTP/1.1\r\nHost: x\r\nAuthorization: " + value
+    status, _, body = await request(worker, raw + b"\r\nConnection: close\r\n\r\n")
+    assert status == 401 and "token" in body["error"]
+
+
+async def test_an_unexpected_failure_is_internal_error_with_a_logged_id(
+    worker: Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> dict[str, Any]:
+        msg = "secret detail /etc/passwd"
+        raise RuntimeError(msg)
+
+    worker.node.routing = broken  # type: ignore[method-assign]
+    status, _, body = await request(worker, get("/v1/routing"))
+    assert status == 500 and body == {"error": "internal error", "status": 500, "id": body["id"]}
+    logged = [r for r in caplog.records if body["id"] in r.getMessage()]
+    assert logged and logged[0].exc_info is not None
+
+
+# --- the property: no request is a 5xx -------------------------------------------------------
+
+
+def blocking_exchange(port_: int, raw: bytes) -> bytes:
+    """Send `raw` on a new connection; everything the server answers until it closes."""
+    with socket.create_connection(("127.0.0.1", port_), timeout=CLOSE_WAIT_S) as sock:
+        with contextlib.suppress(ConnectionError):
+            sock.sendall(raw)  # no half-close: asyncio closes a connection at its EOF
+        data = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data
+
+
+_SEGMENT = st.one_of(
+    st.text(max_size=12).map(lambda t: urllib.parse.quote(t, safe="")),
+    st.binary(max_size=6).map(lambda b: "".join(f"%{x:02x}" for x in b)),
+    st.sampled_from(["u1", ".", "..", "%", "%f", "%zz", "upgrade", "churn", "intents", ""]),
+)
+_PATH = st.builds(
+    lambda prefix, segments: prefix + "/".join(segments),
+    st.sampled_from(["/v1/users/", "/v1/lookup", "/v1/", "/livez", "/readyz", "/metrics", "/"]),
+    st.lists(_SEGMENT, max_size=4),
+)
+_QUERY = st.lists(
+    st.tuples(
+        st.sampled_from(["at", "explain", "stale", "x", "at[]", ""]),
+        st.one_of(
+            _SEGMENT,
+            st.integers(-(10**20), 10**20).map(str),
+            st.sampled_from(["true", "no", "１２", "²", "1e3", "-0"]),
+        ),
+    ),
+    max_size=3,
+).map(lambda pairs: "&".join(f"{k}={v}" for k, v in pairs))
+_HEADER_VALUE = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
+_HEADERS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [b"Authorization", b"Content-Type", b"X-Oracular-Forwarded", b"Accept", b"X-Any"]
+        ),
+        st.one_of(_HEADER_VALUE, st.just(f"Bearer {TOKEN}".encode())),
+    ),
+    max_size=4,
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_BODY = st.one_of(
+    st.binary(max_size=64),
+    _JSON.map(lambda v: json.dumps(v).encode()),
+    st.builds(
+        lambda users, at: json.dumps({"users": users, "at": at}).encode(),
+        st.lists(st.one_of(st.text(max_size=8), _JSON), max_size=4),
+        st.one_of(st.integers(), st.text(max_size=4), st.none()),
+    ),
+    st.builds(
+        lambda intent, ts: json.dumps({"intent": intent, "ts": ts}).encode(),
+        st.sampled_from(["upgrade", "churn", "nope", ""]),
+        st.one_of(st.integers(), st.text(max_size=4), st.floats()),
+    ),
+)
+
+
+async def test_no_request_is_answered_with_a_5xx(worker: Worker) -> None:
+    """Fuzzed methods, paths, query strings, headers and bodies: every answer is below 500,
+    and JSON unless it is a HEAD's (no body) or the Prometheus text of /metrics."""
+    port_ = port(worker)
+    seen: Counter[int] = Counter()
+
+    @settings(
+        max_examples=400,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        database=None,
+    )
+    @given(
+        method=st.sampled_from([b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS"]),
+        path=_PATH,
+        query=_QUERY,
+        headers=_HEADERS,
+        body=_BODY,
+        auth=st.one_of(st.just(f"Bearer {TOKEN}".encode()), _HEADER_VALUE),
+    )
+    def one(
+        method: bytes, path: str, query: str, headers: list[Any], body: bytes, auth: bytes
+    ) -> None:
+        target = path.encode() + (b"?" + query.encode() if query else b"")
+        lines = [method + b" " + target + b" HTTP/1.1", b"Host: x", b"Authorization: " + auth]
+        lines += [name + b": " + value for name, value in headers]
+        lines += [b"Content-Length: %d" % len(body), b"Connection: close"]
+        raw = b"\r\n".join(lines) + b"\r\n\r\n" + body
+        answer = blocking_exchange(port_, raw)
+        assert answer[:9] in (b"HTTP/1.1 ", b"HTTP/1.0 "), (raw[:300], answer[:300])
+        status, head, payload = answer[9:12], *answer.partition(b"\r\n\r\n")[::2]
+        seen[int(status)] += 1
+        assert int(status) < 500, (raw[:300], answer[:500])
+        if method != b"HEAD" and not path.startswith("/metrics"):
+            assert b"application/json" in head, (raw[:300], answer[:500])
+            json.loads(payload)
+
+    await asyncio.to_thread(one)
+    assert {200, 400, 401, 404} <= set(seen), seen  # the fuzzing reached the handlers
+
+
+def test_the_limits_are_settings_each_bad_value_one_line_naming_its_variable() -> None:
+    from streams.settings import SettingsError, load_settings, open_file_limit
+
+    with pytest.raises(SettingsError) as caught:
+        load_settings(
+            {
+                "ORACULAR_API_HEADER_TIMEOUT_S": "0",
+                "ORACULAR_API_BODY_TIMEOUT_S": "-1",
+                "ORACULAR_API_KEEPALIVE_S": "soon",
+                "ORACULAR_API_MAX_REQUESTS_PER_CONNECTION": "0",
+                "ORACULAR_API_MAX_CONNECTIONS": str(open_file_limit()),
+                "ORACULAR_API_MAX_BODY_BYTES": "0",
+            }
+        )
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 6, lines
+    for var in (
+        "HEADER_TIMEOUT_S",
+        "BODY_TIMEOUT_S",
+        "KEEPALIVE_S",
+        "MAX_REQUESTS_PER_CONNECTION",
+        "MAX_CONNECTIONS",
+        "MAX_BODY_BYTES",
+    ):
+        assert sum(f"ORACULAR_API_{var}" in line for line in lines) == 1, (var, lines)
+    assert "open-file limit" in next(line for line in lines if "MAX_CONNECTIONS" in line)
+    defaults = Limits.from_settings(load_settings({}))
+    assert defaults.max_connections == min(1000, open_file_limit() // 4)
+    timeouts = (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_s)
+    assert timeouts == (10, 10, 15) and defaults.max_connections <= open_file_limit() // 2
+    twenty = load_settings({"ORACULAR_API_MAX_CONNECTIONS": "20"})
+    assert Limits.from_settings(twenty).max_connections == 20
