@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -33,10 +34,10 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args
+from typing import Any, NoReturn, Protocol, get_args
 
 import msgpack
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from mode import Service
 from yarl import URL
 
@@ -45,6 +46,7 @@ from engine.episodes import Reason
 from schemas.stored import StoredUser
 from streams import faust_patches
 from streams import processor as processor_module
+from streams.cli_common import EXIT_USAGE
 from streams.front import Guard, GuardedHandler, Limits, internal_error, serve
 from streams.metrics import (
     CONTENT_TYPE,
@@ -134,6 +136,10 @@ class Api:
     node: Node
     token: str | None = None
     forward_timeout_s: float = 2.0
+    max_skew_ms: int = 60_000
+    """A reveal's `ts` may be at most this far ahead of the clock (ORACULAR_MAX_SKEW_MS)."""
+    client_ssl: ssl.SSLContext | None = None
+    """Verifies the other workers' API certificates when forwarding (None: the system's)."""
     limits: Limits = field(default_factory=Limits)
     guard: Guard | None = None
     """The server's connections (set once it serves)."""
@@ -154,7 +160,10 @@ class Api:
     async def start(self) -> None:
         """Open the client session used to forward lookups."""
         if self.session is None:
-            self.session = ClientSession(timeout=ClientTimeout(total=self.forward_timeout_s))
+            self.session = ClientSession(
+                timeout=ClientTimeout(total=self.forward_timeout_s),
+                connector=TCPConnector(ssl=self.client_ssl or True),
+            )
 
     async def close(self) -> None:
         if self.session is not None:
@@ -294,7 +303,7 @@ class _Handlers:
     # --- health and metrics -----------------------------------------------------------
 
     async def livez(self, request: web.Request) -> web.Response:
-        return _json({"live": True, "worker": self.node.me})
+        return _json({"live": True})  # no token needed: nothing about the worker
 
     async def readyz(self, request: web.Request) -> web.Response:
         reasons = self.node.health()
@@ -598,7 +607,7 @@ class _Handlers:
     async def revealed(self, request: web.Request) -> web.Response:
         user = check_user(request.match_info["user"])
         body = await read_body(request, self.api.limits)
-        intent, ts = parse_reveal(body, self.api.config, self.api.clock())
+        intent, ts = parse_reveal(body, self.api.config, self.api.clock(), self.api.max_skew_ms)
         command = {
             "id": f"api-{uuid.uuid4().hex}",
             "user": user,
@@ -913,7 +922,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def advertised_url(settings: Settings, sock: socket.socket) -> str:
-    """The URL other workers use: ORACULAR_API_URL, else http://host:bound port."""
+    """The URL other workers use: ORACULAR_API_URL, else http(s)://host:bound port (https
+    with ORACULAR_API_TLS_CERT)."""
     if settings.api_url:
         return str(URL(settings.api_url.rstrip("/")))  # as Faust's assignor will spell it
     port = sock.getsockname()[1]
@@ -922,7 +932,54 @@ def advertised_url(settings: Settings, sock: socket.socket) -> str:
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"
-    return str(URL(f"http://{host}:{port}"))
+    scheme = "https" if settings.api_tls_cert is not None else "http"
+    return str(URL(f"{scheme}://{host}:{port}"))
+
+
+def _refuse(message: str) -> NoReturn:
+    """Stop the worker before it starts: one line on stderr, exit 2 (a settings problem)."""
+    print(f"oracular worker: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def check_exposure(settings: Settings, sock: socket.socket) -> None:
+    """Refuse to serve a non-loopback address without a token, unless
+    ORACULAR_API_ALLOW_NO_TOKEN says so (then warn, at every start)."""
+    host = str(sock.getsockname()[0])
+    if ipaddress.ip_address(host.split("%", maxsplit=1)[0]).is_loopback or settings.api_token:
+        return
+    where = f"the lookup API on {host} (ORACULAR_API_HOST={settings.api_host})"
+    if not settings.api_allow_no_token:
+        _refuse(
+            f"{where} would serve predictions and take reveals from the network without a "
+            "token: set ORACULAR_API_TOKEN or ORACULAR_API_TOKEN_FILE, bind 127.0.0.1, or set "
+            "ORACULAR_API_ALLOW_NO_TOKEN=true to serve it open (docs/serving.md)"
+        )
+    warning = (
+        f"{where} serves without a token (ORACULAR_API_ALLOW_NO_TOKEN=true): anyone who can "
+        "reach it reads predictions and posts reveals"
+    )
+    log.warning("%s", warning)
+    print(f"oracular worker: WARNING: {warning}", file=sys.stderr)
+
+
+def tls_contexts(settings: Settings) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(the API's server context with ORACULAR_API_TLS_CERT/KEY, the forwarding client's
+    context with ORACULAR_API_TLS_CAFILE); None where unset. A file that cannot be loaded
+    stops the worker with one line."""
+    server = client = None
+    try:
+        if settings.api_tls_cert is not None and settings.api_tls_key is not None:
+            server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server.load_cert_chain(settings.api_tls_cert, settings.api_tls_key)
+        if settings.api_tls_cafile is not None:
+            client = ssl.create_default_context(cafile=str(settings.api_tls_cafile))
+    except (OSError, ssl.SSLError) as exc:
+        _refuse(
+            "cannot load the lookup API's TLS files (ORACULAR_API_TLS_CERT, "
+            f"ORACULAR_API_TLS_KEY, ORACULAR_API_TLS_CAFILE): {exc}"
+        )
+    return server, client
 
 
 def install_serving(app: Any, runtime: Any) -> Api:
@@ -953,6 +1010,8 @@ def install_serving(app: Any, runtime: Any) -> Api:
             file=sys.stderr,
         )
         raise SystemExit(EXIT_UNAVAILABLE) from exc
+    check_exposure(settings, sock)
+    server_ssl, client_ssl = tls_contexts(settings)
     url = advertised_url(settings, sock)
     app.conf.canonical_url = url
     app.conf.web_tables_enabled = False  # Faust's raw /table views: never
@@ -966,10 +1025,12 @@ def install_serving(app: Any, runtime: Any) -> Api:
         node,
         token=settings.api_token,
         forward_timeout_s=settings.api_forward_timeout_s,
+        max_skew_ms=settings.max_skew_ms,
+        client_ssl=client_ssl,
         limits=Limits.from_settings(settings),
         cache=runtime.processor.cache,
     )
-    service = ApiService(app, api, sock, url, node)
+    service = ApiService(app, api, sock, url, node, ssl_context=server_ssl)
     app.add_dependency(service)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]

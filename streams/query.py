@@ -7,12 +7,14 @@ are the other commands' (streams/cli_common.py): 69 when no worker's API answers
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
@@ -35,7 +37,8 @@ def default_url(settings: Settings) -> str:
     host = settings.api_host
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"http://{host}:{port}"
+    scheme = "https" if settings.api_tls_cert is not None else "http"
+    return f"{scheme}://{host}:{port}"
 
 
 def lookup(
@@ -47,6 +50,7 @@ def lookup(
     stale: bool = False,
     at: int | None = None,
     token: str | None = None,
+    cafile: Path | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """GET /v1/users/{user}[/intents/{intent}] and return the JSON answer.
@@ -69,7 +73,8 @@ def lookup(
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             body: dict[str, Any] = json.loads(response.read())
             return body
     except urllib.error.HTTPError as exc:

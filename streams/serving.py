@@ -275,8 +275,12 @@ def _batch_item(n: int, entry: object, config: EngineConfig) -> BatchItem:
         raise ApiError(exc.status, f"users[{n}]: {exc.message}", **exc.extra) from exc
 
 
-def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, int]:
-    """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`."""
+def parse_reveal(
+    body: bytes, config: EngineConfig, now_ms: int, max_skew_ms: int = 60_000
+) -> tuple[str, int]:
+    """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`: one
+    declared intent; `ts` no further ahead of `now_ms` than `max_skew_ms` (a reveal dated in
+    the future would move the user's state there for good)."""
     if len(body) > 4096:
         raise ApiError(413, f"the body is {len(body)} bytes; the limit is 4096")
     obj = parse_json(body or b"null")
@@ -288,7 +292,14 @@ def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, i
     intents = check_intents(config, obj["intent"])
     if not isinstance(obj["intent"], str) or not intents:
         raise ApiError(400, "intent must be one declared intent name")
-    return intents[0], parse_at(obj.get("ts"), now_ms)
+    ts = parse_at(obj.get("ts"), now_ms)
+    if ts > now_ms + max_skew_ms:
+        msg = (
+            f"ts {ts} is {ts - now_ms} ms ahead of this worker's clock; a reveal may be at most "
+            f"ORACULAR_MAX_SKEW_MS ({max_skew_ms} ms) ahead"
+        )
+        raise ApiError(400, msg, max_skew_ms=max_skew_ms)
+    return intents[0], ts
 
 
 # --- routing ------------------------------------------------------------------------------

@@ -198,8 +198,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "the URL other workers forward lookups to (set it behind NAT or in containers)",
             "--api-url", shown="http://<host>:<port>"),
     Setting("api_token", "ORACULAR_API_TOKEN", str, None,
-            "bearer token required by every API endpoint but /livez (never logged)",
+            "bearer token required by every API endpoint but /livez (never logged); set but "
+            "empty is an error. Required to bind a non-loopback address (docs/serving.md)",
             secret=True),
+    Setting("api_token_file", "ORACULAR_API_TOKEN_FILE", Path, None,
+            "a file holding the token instead (read once at start; surrounding whitespace "
+            "ignored)"),
+    Setting("api_allow_no_token", "ORACULAR_API_ALLOW_NO_TOKEN", bool, False,
+            "true: serve a non-loopback ORACULAR_API_HOST without a token (anyone who can reach "
+            "it reads predictions and posts reveals; warned at every start)", shown="false"),
+    Setting("api_tls_cert", "ORACULAR_API_TLS_CERT", Path, None,
+            "serve the API over TLS with this PEM certificate (chain); with ORACULAR_API_TLS_KEY"),
+    Setting("api_tls_key", "ORACULAR_API_TLS_KEY", Path, None,
+            "the TLS certificate's PEM private key (never logged)"),
+    Setting("api_tls_cafile", "ORACULAR_API_TLS_CAFILE", Path, None,
+            "CA bundle that verifies the other workers' API certificates when forwarding, and "
+            "the worker's for `oracular query` (unset: the system's)"),
     Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
             "a lookup forwarded to the owning worker gives up after this (504)"),
     Setting("api_header_timeout_s", "ORACULAR_API_HEADER_TIMEOUT_S", float, 10.0,
@@ -279,6 +293,11 @@ class Settings:
     api_port: int | None = _default("api_port")
     api_url: str | None = _default("api_url")
     api_token: str | None = field(default=_default("api_token"), repr=False)
+    api_token_file: Path | None = _default("api_token_file")  # noqa: RUF009
+    api_allow_no_token: bool = _default("api_allow_no_token")
+    api_tls_cert: Path | None = _default("api_tls_cert")  # noqa: RUF009
+    api_tls_key: Path | None = _default("api_tls_key")  # noqa: RUF009
+    api_tls_cafile: Path | None = _default("api_tls_cafile")  # noqa: RUF009
     api_forward_timeout_s: float = _default("api_forward_timeout_s")
     api_header_timeout_s: float = _default("api_header_timeout_s")
     api_body_timeout_s: float = _default("api_body_timeout_s")
@@ -371,6 +390,11 @@ def load_settings(
             "ORACULAR_GRACE_MS: replaced by ORACULAR_LATENESS_MS, ORACULAR_IDLE_MS and "
             "ORACULAR_MAX_SKEW_MS (docs/time.md explains the watermark); unset it"
         )
+    if "ORACULAR_API_TOKEN" in env and not env["ORACULAR_API_TOKEN"].strip():
+        problems.append(
+            "ORACULAR_API_TOKEN: set but empty; set a token (or ORACULAR_API_TOKEN_FILE), or "
+            "unset it to serve without one (loopback only)"
+        )
     for row in SETTINGS:
         text = env.get(row.env)
         if text:
@@ -384,11 +408,12 @@ def load_settings(
     for name, (text, where) in given.items():
         kind = BY_NAME[name].kind
         try:
-            values[name] = kind(text)
+            values[name] = _read(kind, text)
         except ValueError:
-            what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
-            problems.append(f"{where}={text!r}: must be {what}")
+            what = {int: "a whole number", float: "a number", bool: "true or false"}
+            problems.append(f"{where}={text!r}: must be {what.get(kind, kind.__name__)}")
     where_from = {name: where for name, (_, where) in given.items()}
+    problems += _read_token_file(values, where_from)
     topic_inputs = {name: values.pop(name, _default(name)) for name in _TOPIC_INPUTS}
     if topic_inputs["partitions"] < 1:
         problems.append(
@@ -412,6 +437,37 @@ def load_settings(
     if problems:
         raise SettingsError("\n".join(problems))
     return settings
+
+
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+
+def _read(kind: type, text: str) -> Any:
+    """A variable's or flag's text as `kind` (ValueError when it is not one)."""
+    if kind is bool:
+        if text.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(text)
+        return text.strip().lower() in _TRUE
+    return kind(text)
+
+
+def _read_token_file(values: dict[str, Any], where_from: Mapping[str, str]) -> list[str]:
+    """ORACULAR_API_TOKEN_FILE's token into values["api_token"] (read here, once: at start)."""
+    path = values.get("api_token_file")
+    if path is None:
+        return []
+    where = where_from.get("api_token_file", "ORACULAR_API_TOKEN_FILE")
+    if values.get("api_token"):
+        return [f"{where}: ORACULAR_API_TOKEN is set too; set one of them"]
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{where}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}"]
+    if not token:
+        return [f"{where}: {path} is empty; write the token in it"]
+    values["api_token"] = token
+    return []
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -491,6 +547,12 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
             f"open-file limit ({open_file_limit()}; the rest is RocksDB's and Kafka's) "
             f"(got {connections})"
         )
+    token = settings.api_token
+    if token and token.strip() and (not token.isprintable() or any(c.isspace() for c in token)):
+        where = label("api_token_file") if settings.api_token_file else label("api_token")
+        problems.append(f"{where}: the token must be printable, without spaces")
+    if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
+        problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
     if not settings.api_host.strip():
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):

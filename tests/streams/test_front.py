@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import socket
+import subprocess
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -464,3 +467,125 @@ def test_the_limits_are_settings_each_bad_value_one_line_naming_its_variable() -
     assert timeouts == (10, 10, 15) and defaults.max_connections <= open_file_limit() // 2
     twenty = load_settings({"ORACULAR_API_MAX_CONNECTIONS": "20"})
     assert Limits.from_settings(twenty).max_connections == 20
+
+
+# --- safe exposure ---------------------------------------------------------------------------
+
+
+def test_the_token_settings(tmp_path: Path) -> None:
+    from streams.settings import SettingsError, describe, load_settings
+
+    for env, problem in (
+        ({"ORACULAR_API_TOKEN": ""}, "ORACULAR_API_TOKEN: set but empty"),
+        ({"ORACULAR_API_TOKEN": "  "}, "ORACULAR_API_TOKEN: set but empty"),
+        ({"ORACULAR_API_TOKEN": "a b"}, "ORACULAR_API_TOKEN: the token must be printable"),
+        ({"ORACULAR_API_TOKEN_FILE": str(tmp_path / "none")}, "cannot read"),
+        ({"ORACULAR_API_ALLOW_NO_TOKEN": "maybe"}, "must be true or false"),
+        ({"ORACULAR_API_TLS_CERT": "c.pem"}, "set both or neither"),
+    ):
+        with pytest.raises(SettingsError) as caught:
+            load_settings(env)
+        lines = str(caught.value).splitlines()
+        assert len(lines) == 1 and problem in lines[0], (env, lines)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(SettingsError, match=r"ORACULAR_API_TOKEN_FILE: .* is empty"):
+        load_settings({"ORACULAR_API_TOKEN_FILE": str(empty)})
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    with pytest.raises(SettingsError, match="set one of them"):
+        load_settings({"ORACULAR_API_TOKEN_FILE": str(token_file), "ORACULAR_API_TOKEN": "x"})
+    settings = load_settings({"ORACULAR_API_TOKEN_FILE": str(token_file)})
+    token_file.write_text("changed later")  # read once, at start
+    assert settings.api_token == "from-a-file" and "from-a-file" not in describe(settings)
+    assert load_settings({"ORACULAR_API_ALLOW_NO_TOKEN": "true"}).api_allow_no_token is True
+    assert load_settings({}).api_allow_no_token is False
+
+
+def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from streams.api import bind, check_exposure
+    from streams.settings import Settings
+
+    sock = bind("0.0.0.0", 0)
+    loopback = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(SystemExit) as caught:
+            check_exposure(Settings(api_host="0.0.0.0"), sock)
+        assert caught.value.code == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert "without a token" in line and "ORACULAR_API_ALLOW_NO_TOKEN=true" in line
+        check_exposure(Settings(api_host="0.0.0.0", api_token="t"), sock)
+        check_exposure(Settings(), loopback)
+        assert capsys.readouterr().err == ""
+        for _ in range(2):  # allowed: warned at every start
+            check_exposure(Settings(api_host="0.0.0.0", api_allow_no_token=True), sock)
+            assert "WARNING" in capsys.readouterr().err
+        assert sum("without a token" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        sock.close()
+        loopback.close()
+
+
+async def test_livez_reveals_nothing(worker: Worker) -> None:
+    status, _, body = await request(worker, get("/livez", auth=""))
+    assert status == 200 and body == {"live": True}
+
+
+async def test_a_reveal_dated_beyond_the_max_skew_is_a_400_naming_it(worker: Worker) -> None:
+    now = worker.api.clock()
+    skew = worker.api.max_skew_ms
+    for ts in (253_402_300_799_000, now + skew + 60_000):
+        body = json.dumps({"intent": "upgrade", "ts": ts}).encode()
+        status, _, answer = await request(worker, post("/v1/users/u1/revealed", body))
+        assert status == 400 and "ORACULAR_MAX_SKEW_MS" in answer["error"], answer
+    assert worker.node.appended == []
+    body = json.dumps({"intent": "upgrade", "ts": now + skew // 2}).encode()
+    status, _, answer = await request(worker, post("/v1/users/u1/revealed", body))
+    assert status == 202 and len(worker.node.appended) == 1
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made now with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a test certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+async def test_the_api_serves_tls_with_a_certificate_and_key(config: Any, tmp_path: Path) -> None:
+    from aiohttp import ClientSession
+
+    from streams.api import Api, tls_contexts
+    from streams.settings import Settings
+    from tests.streams.test_serving import FakeNode, serve_api
+
+    cert, key = self_signed(tmp_path)
+    settings = Settings(api_tls_cert=cert, api_tls_key=key, api_tls_cafile=cert)
+    server_ssl, client_ssl = tls_contexts(settings)
+    assert server_ssl is not None and client_ssl is not None
+    served = await serve_api(Api(FakeNode(config), token=TOKEN), ssl_context=server_ssl)
+    try:
+        assert served.url.startswith("https://127.0.0.1:")
+        async with ClientSession() as http:
+            async with http.get(f"{served.url}/livez", ssl=client_ssl) as response:
+                assert response.status == 200 and await response.json() == {"live": True}
+            plain = served.url.replace("https://", "http://")
+            with pytest.raises(Exception):  # noqa: B017 - plain HTTP gets no answer
+                async with http.get(f"{plain}/livez") as response:
+                    await response.read()
+    finally:
+        await served.close()
+    with pytest.raises(SystemExit):
+        tls_contexts(Settings(api_tls_cert=key, api_tls_key=cert))  # swapped: cannot load
