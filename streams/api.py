@@ -57,17 +57,22 @@ from streams.metrics import (
     render,
 )
 from streams.serving import (
+    APP_HEADER,
     FORWARDED_HEADER,
     RETRY_AFTER_S,
     ApiError,
     BatchItem,
     PartitionView,
+    PeerAnswerError,
+    Peers,
     Route,
     UserRead,
     answer,
     batch_body,
     batch_counts,
     check_intents,
+    check_peer_answer,
+    check_peer_batch,
     check_user,
     config_identity,
     parse_at,
@@ -90,6 +95,10 @@ one decoded from the table several times that; and each time the loop runs, the 
 go of the GIL and may wait up to the switch interval for the worker's thread to hand it back,
 so a batch of 100 from the cache (~4 ms) is answered in one go."""
 EXIT_UNAVAILABLE = 69
+MAX_PEER_ANSWER_BYTES = 16 << 20
+"""Largest answer taken from another worker (a batch of 1,000 with explanations is ~2 MiB)."""
+RESOLVE_TTL_S = 60.0
+MAX_RESOLVED = 256
 DEFAULT_PORT = DEFAULT_API_PORT
 """The API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
 
@@ -140,6 +149,14 @@ class Api:
     """A reveal's `ts` may be at most this far ahead of the clock (ORACULAR_MAX_SKEW_MS)."""
     client_ssl: ssl.SSLContext | None = None
     """Verifies the other workers' API certificates when forwarding (None: the system's)."""
+    app_id: str = "oracular"
+    """ORACULAR_APP_ID: said on every answer (APP_HEADER); a peer must say the same."""
+    peers: Peers = field(default_factory=Peers)
+    """Where lookups may be forwarded (ORACULAR_API_PEERS; default here: loopback only)."""
+    peer_problems: set[tuple[str, str]] = field(default_factory=set)
+    """(peer URL, problem) already logged: each is logged once."""
+    addresses: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    """Host -> (when resolved, its addresses), for the peer check."""
     limits: Limits = field(default_factory=Limits)
     guard: Guard | None = None
     """The server's connections (set once it serves)."""
@@ -164,6 +181,25 @@ class Api:
                 timeout=ClientTimeout(total=self.forward_timeout_s),
                 connector=TCPConnector(ssl=self.client_ssl or True),
             )
+
+    async def resolve(self, host: str) -> list[str]:
+        """`host`'s addresses (itself if it is one), cached for a minute; [] if unresolved."""
+        with contextlib.suppress(ValueError):
+            return [str(ipaddress.ip_address(host.strip("[]")))]
+        now = time.monotonic()
+        cached = self.addresses.get(host)
+        if cached is not None and now - cached[0] < RESOLVE_TTL_S:
+            return cached[1]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None)
+        except OSError:
+            found: list[str] = []
+        else:
+            found = sorted({str(info[4][0]) for info in infos})
+        if len(self.addresses) >= MAX_RESOLVED:
+            self.addresses.clear()
+        self.addresses[host] = (now, found)
+        return found
 
     async def close(self) -> None:
         if self.session is not None:
@@ -246,6 +282,7 @@ def _front(api: Api) -> Any:
                 closing = conn.end() or closing
         if closing:
             response.force_close()
+        response.headers[APP_HEADER] = api.app_id
         return response
 
     return front
@@ -378,7 +415,9 @@ class _Handlers:
             decision = route(partition, view, stale=stale, forwarded=forwarded)
             if decision.action == "forward":
                 assert decision.url is not None
-                response, status = await self._forward_single(request, decision.url)
+                response, status = await self._forward_single(
+                    request, decision.url, user, partition
+                )
                 return response
             if decision.action == "unavailable":
                 status = "unavailable"
@@ -425,6 +464,7 @@ class _Handlers:
             with_explain=with_explain,
             served_by={"worker": self.node.me, "role": decision.role},
             config_id=self.config_id,
+            app_id=self.api.app_id,
         )
 
     def _read(self, user: str, partition: int, decision: Route, *, settling: bool) -> UserRead:
@@ -446,11 +486,16 @@ class _Handlers:
             msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
             raise ApiError(500, msg, partition=partition) from exc
 
-    async def _forward_single(self, request: web.Request, url: str) -> tuple[web.Response, str]:
+    async def _forward_single(
+        self, request: web.Request, url: str, user: str, partition: int
+    ) -> tuple[web.Response, str]:
         body = await read_body(request, self.api.limits) if request.can_read_body else None
-        status, payload, headers = await self._forward(
-            request.method, url, request.path_qs, body, request.headers
-        )
+        status, payload, headers = await self._forward(request.method, url, request.path_qs, body)
+        if status == 200:
+            try:
+                check_peer_answer(payload, user, partition)
+            except PeerAnswerError as exc:
+                raise self._bad_peer(url, f"answered {exc}") from exc
         outcome = "forwarded"
         if status == 503:
             outcome = "unavailable"
@@ -459,29 +504,30 @@ class _Handlers:
         ), outcome
 
     async def _forward(
-        self,
-        method: str,
-        url: str,
-        path_qs: str,
-        body: bytes | None,
-        incoming: Mapping[str, str],
+        self, method: str, url: str, path_qs: str, body: bytes | None
     ) -> tuple[int, bytes, dict[str, str]]:
-        """One hop to `url`; (status, body, headers to pass on). Timeout: 504; down: 503."""
+        """One hop to `url`, with this worker's own token (never the caller's), only to an
+        allowed peer, redirects not followed; (status, body, headers to pass on). Timeout:
+        504; down: 503; a peer not allowed, refusing the token or answering garbage: 502."""
         api = self.api
         assert api.session is not None, "the API was not started"
+        await self._check_peer(url)
         headers = {FORWARDED_HEADER: self.node.me, "Content-Type": "application/json"}
-        if "Authorization" in incoming:
-            headers["Authorization"] = incoming["Authorization"]
+        if api.token:
+            headers["Authorization"] = f"Bearer {api.token}"
         try:
             async with api.session.request(
-                method, url.rstrip("/") + path_qs, data=body, headers=headers
+                method,
+                url.rstrip("/") + path_qs,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
             ) as response:
-                payload = await response.read()
+                payload = await response.content.read(MAX_PEER_ANSWER_BYTES + 1)
+                status, app = response.status, response.headers.get(APP_HEADER)
                 passed = {}
                 if "Retry-After" in response.headers:
-                    passed["Retry-After"] = response.headers["Retry-After"]
-                api.metrics.forwards[(("outcome", str(response.status)),)] += 1
-                return response.status, payload, passed
+                    passed["Retry-After"] = response.headers["Retry-After"][:8]
         except TimeoutError as exc:
             api.metrics.forwards[(("outcome", "timeout"),)] += 1
             msg = f"the owning worker {url} did not answer within {api.forward_timeout_s:g} s"
@@ -490,6 +536,46 @@ class _Handlers:
             api.metrics.forwards[(("outcome", "unreachable"),)] += 1
             msg = f"the owning worker {url} is unreachable ({type(exc).__name__}); retry"
             raise ApiError(503, msg, retry_after=RETRY_AFTER_S, worker=url) from exc
+        api.metrics.forwards[(("outcome", str(status)),)] += 1
+        if status in (401, 403):
+            raise self._bad_peer(
+                url,
+                f"refused this worker's token ({status}): every worker of the app must have "
+                "the same ORACULAR_API_TOKEN",
+            )
+        if len(payload) > MAX_PEER_ANSWER_BYTES or not (
+            status in (200, 503, 504) or 400 <= status < 500
+        ):
+            raise self._bad_peer(url, f"answered HTTP {status}, not a lookup answer")
+        if app != api.app_id:
+            raise self._bad_peer(
+                url,
+                f"is app {str(app)[:64]!r}, not {api.app_id!r}: another app's worker on the "
+                "advertised address (check ORACULAR_API_URL and ORACULAR_APP_ID there)",
+            )
+        return status, payload, passed
+
+    async def _check_peer(self, url: str) -> None:
+        """502 unless `url`'s host is an allowed peer (ORACULAR_API_PEERS)."""
+        api = self.api
+        host = URL(url).host or ""
+        addresses = await api.resolve(host)
+        if not api.peers.allows(host, addresses):
+            raise self._bad_peer(
+                url,
+                f"is not an allowed peer: {host} ({', '.join(addresses) or 'unresolved'}) is "
+                f"outside ORACULAR_API_PEERS ({api.peers.describe()})",
+            )
+
+    def _bad_peer(self, url: str, problem: str) -> ApiError:
+        """A 502 saying what is wrong with the owning worker; logged once per worker and
+        problem (the first words of it), with what to fix."""
+        key = (url, problem.split(":", 1)[0][:40])
+        if key not in self.api.peer_problems:
+            self.api.peer_problems.add(key)
+            log.warning("lookup API: not forwarding to the owning worker %s: it %s", url, problem)
+        self.api.metrics.forwards[(("outcome", "refused"),)] += 1
+        return ApiError(502, f"the owning worker {url} {problem}", worker=url)
 
     async def batch(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -574,29 +660,36 @@ class _Handlers:
         """One forward per owner for its users; their slots get the owner's answers.
 
         When the owner has every user of the batch, its answer is the batch's answer: then
-        (its counts, the answer) are returned to be passed on as they are, without decoding
-        and encoding all the results again (if its head adds up: `batch_counts`).
+        (its counts, the answer) are returned to be passed on as they are, without encoding
+        all the results again (if its head adds up: `batch_counts`). An owner that is not an
+        allowed peer, refuses this worker's token or answers garbage: its users' results are
+        errors saying so, or, when it has them all, the batch is a 502.
         """
         items: list[BatchItem] = [batch.items[n] for n in indexes]
         body = json.dumps(batch.to_json(items, at)).encode()
+        whole = len(indexes) == len(results)
         try:
-            status, payload, _ = await self._forward(
-                "POST", url, "/v1/lookup", body, request.headers
-            )
+            status, payload, _ = await self._forward("POST", url, "/v1/lookup", body)
             if status != 200:
                 raise ApiError(status, payload.decode(errors="replace")[:300])
-            if len(indexes) == len(results):
+            try:
+                answers = check_peer_batch(payload, [item.user for item in items])
+            except PeerAnswerError as exc:
+                raise self._bad_peer(url, f"answered {exc}") from exc
+            if whole:
                 counts = batch_counts(payload, at, len(indexes))
                 if counts is not None:
                     return counts, payload
-            answers = json.loads(payload)["results"]
-            if len(answers) != len(indexes):
-                raise ApiError(502, f"{url} answered {len(answers)} of {len(indexes)} users")
         except ApiError as exc:
+            if whole and exc.status == 502:
+                raise
             for n in indexes:
                 item = batch.items[n]
                 partition = partition_for(item.user, self.node.partitions)
-                results[n] = _unavailable(item, partition, exc.message)
+                result = _unavailable(item, partition, exc.message)
+                if exc.status == 502:
+                    result["status"] = "error"
+                results[n] = result
             return None
         for n, result in zip(indexes, answers, strict=True):
             results[n] = result
@@ -982,6 +1075,25 @@ def tls_contexts(settings: Settings) -> tuple[ssl.SSLContext | None, ssl.SSLCont
     return server, client
 
 
+def allowed_peers(settings: Settings, sock: socket.socket) -> Peers:
+    """ORACULAR_API_PEERS, else loopback, this host's addresses and the brokers' networks."""
+    if settings.api_peers:
+        return Peers.parse(settings.api_peers)  # checked by load_settings
+    hosts = {str(sock.getsockname()[0])}
+    brokers: set[str] = set()
+    for name, into in [(socket.gethostname(), hosts)] + [
+        (URL(f"//{h.split('://')[-1].strip()}").host or "", brokers)
+        for h in settings.broker.split(",")
+        if h.strip()
+    ]:
+        with contextlib.suppress(OSError, UnicodeError):
+            into.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+    hosts -= {"0.0.0.0", "::"}
+    peers = Peers.around(sorted(hosts), sorted(brokers))
+    log.info("lookup API: forwards only to workers in %s (ORACULAR_API_PEERS)", peers.describe())
+    return peers
+
+
 def install_serving(app: Any, runtime: Any) -> Api:
     """Serve the API from this worker: bind, advertise, route, time batches.
 
@@ -1027,6 +1139,8 @@ def install_serving(app: Any, runtime: Any) -> Api:
         forward_timeout_s=settings.api_forward_timeout_s,
         max_skew_ms=settings.max_skew_ms,
         client_ssl=client_ssl,
+        app_id=settings.app_id,
+        peers=allowed_peers(settings, sock),
         limits=Limits.from_settings(settings),
         cache=runtime.processor.cache,
     )

@@ -216,6 +216,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "the worker's for `oracular query` (unset: the system's)"),
     Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
             "a lookup forwarded to the owning worker gives up after this (504)"),
+    Setting("api_peers", "ORACULAR_API_PEERS", str, None,
+            "the workers lookups may be forwarded to: comma-separated host names, addresses "
+            "and CIDR networks, or `*` for any; a worker the group advertises elsewhere gets "
+            "no forward (502; docs/serving.md)",
+            shown="loopback, this host's addresses and the brokers' /24 (IPv6: /64) networks"),
     Setting("api_header_timeout_s", "ORACULAR_API_HEADER_TIMEOUT_S", float, 10.0,
             "a new API connection whose request line and headers have not all arrived this "
             "long after it opened is closed (slow or silent clients)"),
@@ -299,6 +304,7 @@ class Settings:
     api_tls_key: Path | None = _default("api_tls_key")  # noqa: RUF009
     api_tls_cafile: Path | None = _default("api_tls_cafile")  # noqa: RUF009
     api_forward_timeout_s: float = _default("api_forward_timeout_s")
+    api_peers: str | None = _default("api_peers")
     api_header_timeout_s: float = _default("api_header_timeout_s")
     api_body_timeout_s: float = _default("api_body_timeout_s")
     api_keepalive_s: float = _default("api_keepalive_s")
@@ -551,6 +557,13 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
     if token and token.strip() and (not token.isprintable() or any(c.isspace() for c in token)):
         where = label("api_token_file") if settings.api_token_file else label("api_token")
         problems.append(f"{where}: the token must be printable, without spaces")
+    if settings.api_peers is not None:
+        from streams.serving import Peers  # noqa: PLC0415 - the engine, only when it is set
+
+        try:
+            Peers.parse(settings.api_peers)
+        except ValueError as exc:
+            problems.append(f"{label('api_peers')}: {exc}")
     if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
         problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
     if not settings.api_host.strip():

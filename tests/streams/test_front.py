@@ -17,17 +17,20 @@ import subprocess
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.config import load_config
 from streams.front import Limits
-from streams.serving import MAX_JSON_DEPTH
+from streams.serving import APP_HEADER, MAX_JSON_DEPTH, Peers, partition_for
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_serving import Worker, start_worker, user_on
 
@@ -589,3 +592,184 @@ async def test_the_api_serves_tls_with_a_certificate_and_key(config: Any, tmp_pa
         await served.close()
     with pytest.raises(SystemExit):
         tls_contexts(Settings(api_tls_cert=key, api_tls_key=cert))  # swapped: cannot load
+
+
+# --- forwards ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeOwner:
+    """An owning worker that answers as told and records what it was sent."""
+
+    answer: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    seen: list[dict[str, str]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+async def owner() -> AsyncIterator[FakeOwner]:
+    def one(user: str) -> dict[str, Any]:
+        position = {"partition": partition_for(user, 4)}
+        return {"user": user, "known": False, "position": position, "intents": {}}
+
+    async def fine(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/lookup":
+            users = [u["user"] for u in (await request.json())["users"]]
+            body = {"results": [{"status": "unknown", **one(u)} for u in users]}
+        else:
+            body = one(urllib.parse.unquote(request.path.rsplit("/", 1)[-1]))
+        return web.json_response(body, headers={APP_HEADER: "oracular"})
+
+    fake = FakeOwner(fine)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        fake.seen.append(dict(request.headers))
+        return await fake.answer(request)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    fake.url = str(server.make_url("")).rstrip("/")
+    yield fake
+    await server.close()
+
+
+async def forwarding(config: Any, owner: FakeOwner, **options: Any) -> Worker:
+    """A worker that owns nothing: every lookup is forwarded to `owner`."""
+    w = await start_worker(config, **options)
+    w.node.owners = dict.fromkeys(range(4), owner.url)
+    return w
+
+
+async def test_a_forward_carries_the_workers_token_never_the_callers(
+    config: Any, owner: FakeOwner
+) -> None:
+    open_worker = await forwarding(config, owner)
+    secured = await forwarding(config, owner, token="the-workers-token")
+    try:
+        caller = "Authorization: Bearer the-callers-secret\r\n"
+        status, _, body = await request(open_worker, get("/v1/users/u1", auth=caller))
+        assert status == 200 and body["user"] == "u1"
+        assert "Authorization" not in owner.seen[-1]  # the caller's token stays here
+        auth = "Authorization: Bearer the-workers-token\r\n"
+        status, _, _ = await request(secured, get("/v1/users/u1", auth=auth))
+        assert status == 200 and owner.seen[-1]["Authorization"] == "Bearer the-workers-token"
+        status, _, _ = await request(secured, post("/v1/lookup", b'{"users": ["u1"]}', auth=auth))
+        assert status == 200 and owner.seen[-1]["Authorization"] == "Bearer the-workers-token"
+    finally:
+        await open_worker.server.close()
+        await secured.server.close()
+
+
+async def test_no_forward_to_a_peer_outside_the_allowed_ones(
+    config: Any, owner: FakeOwner, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = await forwarding(config, owner, peers=Peers.parse("10.0.0.0/8, workers.example"))
+    try:
+        for _ in range(3):
+            status, _, body = await request(w, get("/v1/users/u1", auth=""))
+            assert status == 502 and "ORACULAR_API_PEERS" in body["error"], body
+        assert owner.seen == []
+        assert sum("not an allowed peer" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        await w.server.close()
+
+
+async def test_a_redirect_from_a_peer_is_not_followed(config: Any, owner: FakeOwner) -> None:
+    async def redirect(request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/elsewhere"):
+            return web.json_response({"user": "u1"}, headers={APP_HEADER: "oracular"})
+        raise web.HTTPFound("/elsewhere" + request.path)
+
+    owner.answer = redirect
+    w = await forwarding(config, owner)
+    try:
+        status, _, body = await request(w, get("/v1/users/u1", auth=""))
+        assert status == 502 and "HTTP 302" in body["error"]
+        assert len(owner.seen) == 1  # the redirect's target was never asked
+    finally:
+        await w.server.close()
+
+
+def _answering(status: int, payload: bytes, app: str = "oracular") -> Any:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=payload, status=status, content_type="application/json", headers={APP_HEADER: app}
+        )
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "app", "said"),
+    [
+        (401, b'{"error": "no"}', "oracular", "same ORACULAR_API_TOKEN"),
+        (200, b"<html>hello</html>", "oracular", "not JSON"),
+        (200, b'{"user": "someone-else", "intents": {}}', "oracular", "another user"),
+        (200, b'{"user": "u1", "intents": {}, "position": {"partition": 99}}', "oracular", "part"),
+        (200, b'{"user": "u1", "intents": {}, "position": {"partition": 0}}', "other", "app"),
+        (500, b'{"error": "internal error"}', "oracular", "HTTP 500"),
+    ],
+    ids=["token", "not-json", "other-user", "other-partition", "other-app", "500"],
+)
+async def test_a_peer_answering_401_or_garbage_is_a_502_saying_so_logged_once(
+    config: Any,
+    owner: FakeOwner,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    payload: bytes,
+    app: str,
+    said: str,
+) -> None:
+    owner.answer = _answering(status, payload, app)
+    user = next(f"u{n}" for n in range(1, 99) if partition_for(f"u{n}", 4) == 0)
+    payload = payload.replace(b'"u1"', json.dumps(user).encode())
+    owner.answer = _answering(status, payload, app)
+    w = await forwarding(config, owner)
+    try:
+        for _ in range(2):
+            code, _, body = await request(w, get(f"/v1/users/{user}", auth=""))
+            assert code == 502 and owner.url in body["error"] and said in body["error"], body
+        code, _, body = await request(w, post("/v1/lookup", f'{{"users": ["{user}"]}}'.encode()))
+        assert code == 502 and owner.url in body["error"], body
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) <= 2 and any(said in m for m in warned), warned  # once per problem
+    finally:
+        await w.server.close()
+
+
+async def test_a_batch_partly_on_a_bad_peer_answers_the_rest(config: Any, owner: FakeOwner) -> None:
+    owner.answer = _answering(401, b"{}")
+    w = await forwarding(config, owner)
+    mine = user_on(1)
+    w.node.local = {1: "active"}
+    try:
+        theirs = user_on(2)
+        body = json.dumps({"users": [mine, theirs]}).encode()
+        status, _, answer = await request(w, post("/v1/lookup", body))
+        assert status == 200
+        assert [r["status"] for r in answer["results"]] == ["unknown", "error"]
+        assert "ORACULAR_API_TOKEN" in answer["results"][1]["error"]
+    finally:
+        await w.server.close()
+
+
+def test_the_peers_setting() -> None:
+    from streams.settings import SettingsError, load_settings
+
+    peers = Peers.parse("10.0.0.0/8, Worker-1.example, ::1, 192.168.1.7")
+    assert peers.allows("x", ["10.2.3.4"]) and peers.allows("worker-1.example", [])
+    assert peers.allows("x", ["192.168.1.7"]) and not peers.allows("x", ["192.168.1.8"])
+    assert not peers.allows("x", ["10.2.3.4", "8.8.8.8"])  # one address outside: refused
+    assert not peers.allows("x", [])  # unresolved: refused
+    assert Peers.parse("*").allows("anything", [])
+    default = Peers.around(["192.168.1.5"], ["10.2.3.4"])
+    assert default.allows("x", ["127.0.0.1"]) and default.allows("x", ["::1"])
+    assert default.allows("x", ["192.168.1.5"]) and not default.allows("x", ["192.168.1.6"])
+    assert default.allows("x", ["10.2.3.200"]) and not default.allows("x", ["10.2.4.1"])
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"ORACULAR_API_PEERS": "10.0.0.0/8, http://x"})
+    assert str(caught.value) == (
+        "ORACULAR_API_PEERS: 'http://x' is not a host name, an address or a CIDR network"
+    )

@@ -36,6 +36,7 @@ from streams.front import Guard, Limits, serve
 from streams.metrics import Family, monitor_families, render
 from streams.processor import StateCache
 from streams.serving import (
+    APP_HEADER,
     FORWARDED_HEADER,
     MAX_BATCH,
     ApiError,
@@ -48,6 +49,9 @@ from streams.serving import (
     parse_reveal,
     partition_for,
     route,
+)
+from streams.serving import (
+    batch_body as serving_batch_body,
 )
 from tests.streams.test_cli_replay import CONFIG
 
@@ -877,16 +881,17 @@ async def test_standby_and_settling_reads_never_use_the_cache(pair, http, config
 async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
     pair, http, config, monkeypatch
 ) -> None:
-    """Through A, a batch of B's users gets B's answer byte for byte (A does not decode and
-    encode it again), with the same counts in A's metrics as when A decoded it."""
+    """Through A, a batch of B's users gets B's answer byte for byte (A checks it is an answer
+    for those users, and does not encode it again), with the same counts in A's metrics as
+    when A merged it."""
     a, b = pair
-    decoded_by_api = []
+    encoded_by_api = []
 
-    def loads(raw: Any) -> Any:
-        decoded_by_api.append(len(raw))
-        return json.loads(raw)
+    def batch_body(*args: Any) -> Any:
+        encoded_by_api.append(args)
+        return serving_batch_body(*args)
 
-    monkeypatch.setattr(api_module, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    monkeypatch.setattr(api_module, "batch_body", batch_body)
     users = [user_on(2 + n % 2, f"whole-{n}") for n in range(40)]
     for user in users[::2]:
         store(b, config, user, some_events(user))
@@ -904,12 +909,12 @@ async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
     assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "found"))] == 20
     assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "unknown"))] == 20
     assert dict(a.api.metrics.forwards) == {(("outcome", "200"),): 1}
-    assert decoded_by_api == []  # B's answer passed on undecoded
+    assert len(encoded_by_api) == 2  # B's answers (asked, forwarded); A passed it on as it is
     mixed = {"users": [users[0], user_on(0, "mine")], "at": TS + MIN}
     async with http.post(f"{a.url}/v1/lookup", json=mixed) as response:
         assert response.status == 200
         assert [r["user"] for r in (await response.json())["results"]] == mixed["users"]
-    assert len(decoded_by_api) == 1  # not all on B: B's part decoded and merged
+    assert len(encoded_by_api) == 4  # not all on B: B's part, merged by A and encoded
 
 
 def test_batch_counts_reads_only_a_head_that_adds_up() -> None:
@@ -942,7 +947,8 @@ async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None
         seen.append(asked)
         results = [{"user": u["user"], "status": "found", "p": 0.5} for u in asked["users"]]
         return web.json_response(
-            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]}
+            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]},
+            headers={APP_HEADER: "oracular"},
         )
 
     owner.router.add_post("/v1/lookup", lookup)
