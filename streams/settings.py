@@ -107,7 +107,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "Faust app id: consumer group and prefix of its internal (changelog) topics",
             "--app-id"),
     Setting("datadir", "ORACULAR_DATADIR", Path, None,
-            "RocksDB and Faust state; one per worker", "--datadir",
+            "RocksDB and Faust state; one per worker, created 0700, refused if another app's "
+            "(its marker file)", "--datadir",
             shown="var/faust/<app id>"),
     Setting("partitions", "ORACULAR_PARTITIONS", int, 8,
             "partitions of every product topic and of the state table", "--partitions"),
