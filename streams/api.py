@@ -57,7 +57,6 @@ from streams.metrics import (
     render,
 )
 from streams.serving import (
-    APP_HEADER,
     FORWARDED_HEADER,
     RETRY_AFTER_S,
     ApiError,
@@ -84,7 +83,7 @@ from streams.serving import (
     read_user,
     route,
 )
-from streams.settings import DEFAULT_API_PORT, Settings
+from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
 
 log = logging.getLogger("oracular.api")
 
@@ -972,7 +971,11 @@ class ApiService(Service):
 
         async def start() -> None:
             self.runner, self.api.guard = await serve(
-                self.web_app, self.sock, self.api.limits, ssl_context=self.ssl_context
+                self.web_app,
+                self.sock,
+                self.api.limits,
+                ssl_context=self.ssl_context,
+                app_id=self.api.app_id,
             )
 
         try:
@@ -1094,14 +1097,11 @@ def allowed_peers(settings: Settings, sock: socket.socket) -> Peers:
     return peers
 
 
-def install_serving(app: Any, runtime: Any) -> Api:
-    """Serve the API from this worker: bind, advertise, route, time batches.
-
-    Binds the socket now, so the URL Faust's assignor shares with the group is known before
-    the worker joins; Faust's own table views stay off.
-    """
-    settings: Settings = runtime.settings
-    port = DEFAULT_PORT if settings.api_port is None else settings.api_port
+def bind_api(settings: Settings, default_port: int = DEFAULT_PORT) -> socket.socket:
+    """The API's listening socket: ORACULAR_API_HOST:ORACULAR_API_PORT, or `default_port`
+    when the port is unset (a free port when that is taken, said in one line on stderr). A
+    port that cannot be had stops the worker: one line on stderr, exit 69."""
+    port = default_port if settings.api_port is None else settings.api_port
     try:
         try:
             sock = bind(settings.api_host, port)
@@ -1109,11 +1109,13 @@ def install_serving(app: Any, runtime: Any) -> Api:
             if settings.api_port is not None:
                 raise
             sock = bind(settings.api_host, 0)  # a second worker on this host
-            log.warning(
-                "lookup API: port %s is taken, serving on free port %s (set ORACULAR_API_PORT)",
-                port,
-                sock.getsockname()[1],
+            taken = (
+                f"the lookup API's port {port} on {settings.api_host} is taken (another "
+                f"worker?): serving on port {sock.getsockname()[1]} instead; set "
+                "ORACULAR_API_PORT to choose one"
             )
+            log.warning("lookup API: %s", taken)
+            print(f"oracular worker: {taken}", file=sys.stderr)
     except OSError as exc:
         print(
             f"oracular worker: cannot serve the lookup API on {settings.api_host}:{port}: "
@@ -1122,6 +1124,17 @@ def install_serving(app: Any, runtime: Any) -> Api:
             file=sys.stderr,
         )
         raise SystemExit(EXIT_UNAVAILABLE) from exc
+    return sock
+
+
+def install_serving(app: Any, runtime: Any) -> Api:
+    """Serve the API from this worker: bind, advertise, route, time batches.
+
+    Binds the socket now, so the URL Faust's assignor shares with the group is known before
+    the worker joins; Faust's own table views stay off.
+    """
+    settings: Settings = runtime.settings
+    sock = bind_api(settings)
     check_exposure(settings, sock)
     server_ssl, client_ssl = tls_contexts(settings)
     url = advertised_url(settings, sock)

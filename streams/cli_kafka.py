@@ -623,6 +623,7 @@ def run_query(args: argparse.Namespace) -> int:
             at=args.at,
             token=settings.api_token,
             cafile=settings.api_tls_cafile,
+            app_id=settings.app_id,
         )
     except QueryError as exc:
         print(f"oracular query: {exc.message}", file=sys.stderr)

@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from streams.metrics import Family
-from streams.settings import Settings
+from streams.settings import APP_HEADER, Settings
 
 log = logging.getLogger("oracular.api")
 
@@ -96,7 +96,7 @@ def internal_error(what: str, exc: BaseException | None) -> web.Response:
 
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+    b"Retry-After: 1\r\nConnection: close\r\n%s: %s\r\nContent-Length: %d\r\n\r\n%s"
 )
 _REFUSED_BODY: Final = (
     b'{"error":"too many connections with a request in progress; retry","status":503}'
@@ -118,8 +118,9 @@ class GuardedHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if not self.guard.admit(self):
-            body = _REFUSED_BODY
-            transport.write(_REFUSED % (len(body), body))  # type: ignore[attr-defined]
+            body, app = _REFUSED_BODY, self.guard.app_id.encode("ascii", "replace")
+            refusal = _REFUSED % (APP_HEADER.encode(), app, len(body), body)
+            transport.write(refusal)  # type: ignore[attr-defined]
             self.force_close()
             return
         loop = asyncio.get_running_loop()
@@ -162,18 +163,23 @@ class GuardedHandler(RequestHandler):
             msg = "the answer is partly sent: no error answer possible"
             raise ConnectionError(msg)
         if status >= 500:
-            return internal_error(f"{request.method} {request.path}", exc)
-        detail = message or getattr(exc, "message", None) or str(exc or "") or "bad request"
-        detail = (detail.strip().splitlines() or ["bad request"])[0][:200]
-        log.debug("lookup API: malformed request (%s): %s", status, detail)
-        return json_error(status, f"malformed HTTP request: {detail}")
+            response = internal_error(f"{request.method} {request.path}", exc)
+        else:
+            detail = message or getattr(exc, "message", None) or str(exc or "") or "bad request"
+            detail = (detail.strip().splitlines() or ["bad request"])[0][:200]
+            log.debug("lookup API: malformed request (%s): %s", status, detail)
+            response = json_error(status, f"malformed HTTP request: {detail}")
+        response.headers[APP_HEADER] = self.guard.app_id
+        return response
 
 
 class Guard:
     """The open connections of one API server, oldest first, and why any were closed."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, app_id: str = "oracular") -> None:
         self.limits = limits
+        self.app_id = app_id
+        """Said on the answers the guard makes itself (APP_HEADER)."""
         self.connections: dict[GuardedHandler, None] = {}
         """Insertion order: least recently active first (`touch` moves one to the end)."""
         self.closed: Counter[str] = Counter()
@@ -268,11 +274,12 @@ async def serve(
     limits: Limits,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    app_id: str = "oracular",
 ) -> tuple[web.AppRunner, Guard]:
     """Serve `web_app` on the bound socket `sock` through a `Guard` (on the running loop);
     `runner.cleanup()` stops it."""
     runner = web.AppRunner(web_app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
-    guard = Guard(limits)
+    guard = Guard(limits, app_id)
     await GuardedSite(runner, sock, guard, ssl_context=ssl_context).start()
     return runner, guard

@@ -454,8 +454,6 @@ LOOPBACK: Final[tuple[Network, ...]] = (
     ipaddress.ip_network("127.0.0.0/8"),
     ipaddress.ip_network("::1/128"),
 )
-APP_HEADER: Final = "X-Oracular-App"
-"""On every answer: the app id of the worker that answered (ORACULAR_APP_ID)."""
 
 
 @dataclass(frozen=True, slots=True)

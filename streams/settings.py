@@ -31,6 +31,8 @@ DEFAULT_BROKER: Final = "127.0.0.1:9092"
 DEFAULT_APP_ID: Final = "oracular"
 DEFAULT_API_PORT: Final = 6067
 """The lookup API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
+APP_HEADER: Final = "X-Oracular-App"
+"""The lookup API's header on every answer: the answering worker's app id (ORACULAR_APP_ID)."""
 
 # RocksDB's defaults are per partition DB (64 MiB write buffer x 3 and a 2 GiB block cache):
 # with 8 partitions that is GiBs. These bound one worker's table to ~100 MiB per partition.

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from schemas.config import load_config
 from streams.front import Limits
-from streams.serving import APP_HEADER, MAX_JSON_DEPTH, Peers, partition_for
+from streams.serving import MAX_JSON_DEPTH, Peers, partition_for
+from streams.settings import APP_HEADER
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_serving import Worker, start_worker, user_on
 
@@ -227,6 +228,7 @@ async def test_when_every_connection_is_busy_a_new_one_gets_a_json_503(worker: W
     reader, writer = await connect(worker)
     status, headers, body = parse(await read_until_closed(reader))
     assert status == 503 and headers["retry-after"] == "1" and "too many" in body["error"]
+    assert headers[APP_HEADER.lower()] == "oracular"
     writer.close()
     for reader, writer in busy:  # their bodies never come: 408 each, and room again
         assert parse(await read_until_closed(reader))[0] == 408
@@ -773,3 +775,59 @@ def test_the_peers_setting() -> None:
     assert str(caught.value) == (
         "ORACULAR_API_PEERS: 'http://x' is not a host name, an address or a CIDR network"
     )
+
+
+# --- a client knows which app answered -----------------------------------------------------
+
+
+async def test_every_answer_says_the_app_and_query_checks_it(
+    config: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streams.cli import main
+
+    w = await start_worker(config, app_id="other-app")
+    w.node.owners = dict.fromkeys(range(4), w.url)
+    w.node.local = dict.fromkeys(range(4), "active")
+    try:
+        for raw in (get("/v1/users/u1", auth=""), get("/nope", auth=""), b"BAD\r\n\r\n"):
+            reader, writer = await connect(w)
+            writer.write(raw)
+            answer = await read_until_closed(reader)
+            writer.close()
+            assert f"{APP_HEADER}: other-app".encode() in answer, answer[:300]
+        _, _, body = await request(w, get("/v1/users/u1", auth=""))
+        assert body["app"] == "other-app"
+        for var in ("ORACULAR_APP_ID", "ORACULAR_API_TOKEN", "ORACULAR_API_TOKEN_FILE"):
+            monkeypatch.delenv(var, raising=False)
+        code = await asyncio.to_thread(main, ["query", "u1", "--url", w.url])
+        err = capsys.readouterr().err
+        assert code == 69 and "answered by app 'other-app', not app 'oracular'" in err, err
+        assert len(err.strip().splitlines()) == 1
+        monkeypatch.setenv("ORACULAR_APP_ID", "other-app")
+        code = await asyncio.to_thread(main, ["query", "u1", "--url", w.url])
+        out = capsys.readouterr().out
+        assert code == 0 and "app other-app" in out, out
+    finally:
+        await w.server.close()
+
+
+def test_a_taken_default_port_is_said_in_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from streams.api import bind, bind_api
+    from streams.settings import Settings
+
+    holder = bind("127.0.0.1", 0)
+    taken = holder.getsockname()[1]
+    try:
+        sock = bind_api(Settings(), default_port=taken)
+        sock.close()
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"port {taken} on 127.0.0.1 is taken" in line and "ORACULAR_API_PORT" in line
+        with pytest.raises(SystemExit) as caught:
+            bind_api(Settings(api_port=taken))
+        assert caught.value.code == 69
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"cannot serve the lookup API on 127.0.0.1:{taken}" in line
+    finally:
+        holder.close()

@@ -36,7 +36,6 @@ from streams.front import Guard, Limits, serve
 from streams.metrics import Family, monitor_families, render
 from streams.processor import StateCache
 from streams.serving import (
-    APP_HEADER,
     FORWARDED_HEADER,
     MAX_BATCH,
     ApiError,
@@ -53,6 +52,7 @@ from streams.serving import (
 from streams.serving import (
     batch_body as serving_batch_body,
 )
+from streams.settings import APP_HEADER
 from tests.streams.test_cli_replay import CONFIG
 
 PARTITIONS = 4
@@ -224,7 +224,9 @@ class Served:
 
 async def serve_api(api: Api, *, ssl_context: Any = None) -> Served:
     sock = bind("127.0.0.1", 0)
-    runner, guard = await serve(build_web_app(api), sock, api.limits, ssl_context=ssl_context)
+    runner, guard = await serve(
+        build_web_app(api), sock, api.limits, ssl_context=ssl_context, app_id=api.app_id
+    )
     api.guard = guard
     scheme = "https" if ssl_context is not None else "http"
     return Served(runner, guard, f"{scheme}://127.0.0.1:{sock.getsockname()[1]}")
