@@ -25,10 +25,11 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -42,9 +43,16 @@ MAX_LINE_BYTES: Final = 8190
 """Longest request line or header line (aiohttp's default)."""
 MAX_HEADERS: Final = 64
 """Most header lines in one request."""
+EVICT_IDLE_S: Final = 0.5
+"""At the connection cap, only a connection idle this long (no request since it opened or
+since its last answer) is closed to make room: a burst of clients is accepted before their
+requests are read, and those must not be taken for silent ones."""
 LINGER_S: Final = 1.0
 """After answering a request whose body was not read (401, 413), unread body bytes are
 discarded for at most this long before the connection closes (aiohttp's default: 10 s)."""
+REFUSED_LINGER_S: Final = 0.25
+"""A refused connection (503 at the cap) discards what its client sends for at most this long
+before it closes (its request is usually on its way: closing at once would reset it)."""
 
 
 CLOSE_REASONS: Final = ("header_timeout", "evicted", "refused")
@@ -113,23 +121,54 @@ class GuardedHandler(RequestHandler):
         """Requests this connection has begun (their headers complete)."""
         self.busy = False
         """A request is in progress (headers complete, not yet answered)."""
+        self.idle_since = time.monotonic()
+        """When it opened or last answered a request (the guard evicts long-idle ones)."""
         self.deadline: asyncio.TimerHandle | None = None
+        self.refused: asyncio.Transport | None = None
+        """Set when the guard refused the connection: it only says so, then closes."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
         if not self.guard.admit(self):
-            body, app = _REFUSED_BODY, self.guard.app_id.encode("ascii", "replace")
-            refusal = _REFUSED % (APP_HEADER.encode(), app, len(body), body)
-            transport.write(refusal)  # type: ignore[attr-defined]
-            self.force_close()
+            self._refuse(cast("asyncio.Transport", transport))
             return
+        super().connection_made(transport)
         loop = asyncio.get_running_loop()
         self.deadline = loop.call_later(self.guard.limits.header_timeout_s, self._headers_due)
 
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        """A 503 without starting aiohttp's handling. The client's request may be in flight:
+        half-close and discard what arrives for a moment, so it reads the 503 instead of a
+        reset; at once when as many refused connections as the cap linger already)."""
+        self.refused = transport
+        body, app = _REFUSED_BODY, self.guard.app_id.encode("ascii", "replace")
+        transport.write(_REFUSED % (APP_HEADER.encode(), app, len(body), body))
+        if self.guard.lingering >= self.guard.limits.max_connections:
+            transport.close()
+            return
+        self.guard.lingering += 1
+        if transport.can_write_eof():
+            transport.write_eof()
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.call_later(REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused is None:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self.refused is not None:
+            self.refused.close()
+            return
+        super().eof_received()
+
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.guard.forget(self)
         if self.deadline is not None:
             self.deadline.cancel()
+        if self.refused is not None:  # aiohttp never knew it
+            self.refused = None
+            self.guard.lingering -= 1
+            return
+        self.guard.forget(self)
         super().connection_lost(exc)
 
     def _headers_due(self) -> None:
@@ -147,6 +186,7 @@ class GuardedHandler(RequestHandler):
         """Its answer is made; True when the connection must close after it (its request
         limit is reached)."""
         self.busy = False
+        self.idle_since = time.monotonic()
         self.guard.touch(self)
         return self.served >= self.guard.limits.max_requests
 
@@ -184,13 +224,18 @@ class Guard:
         """Insertion order: least recently active first (`touch` moves one to the end)."""
         self.closed: Counter[str] = Counter()
         """Connections closed or refused by the guard, by reason."""
+        self.lingering = 0
+        """Refused connections still open (answered 503, discarding what the client sends)."""
 
     def admit(self, conn: GuardedHandler) -> bool:
-        """Take a new connection: at the cap, close the oldest one with no request in
-        progress; False (refuse it) when every open connection has one."""
+        """Take a new connection: at the cap, close the least recently active one that has
+        no request in progress and has been idle for EVICT_IDLE_S; False (refuse it) when
+        there is none: every connection has a request in progress or just came (a burst of
+        clients whose requests are on their way)."""
         if len(self.connections) >= self.limits.max_connections:
+            now = time.monotonic()
             oldest = next((c for c in self.connections if not c.busy), None)
-            if oldest is None:
+            if oldest is None or now - oldest.idle_since < EVICT_IDLE_S:
                 self.closed["refused"] += 1
                 return False
             self.connections.pop(oldest)

@@ -235,9 +235,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("api_max_requests_per_connection", "ORACULAR_API_MAX_REQUESTS_PER_CONNECTION", int,
             1000, "the answer to a connection's Nth request closes it (`Connection: close`)"),
     Setting("api_max_connections", "ORACULAR_API_MAX_CONNECTIONS", int, None,
-            "open API connections at most; at the cap a new one closes the oldest connection "
-            "with no request in progress, or gets a 503 when every one has one. At most half "
-            "the open-file limit (`ulimit -n`): the rest is RocksDB's and Kafka's",
+            "open API connections at most; at the cap a new one closes the least recently "
+            "active connection idle for 0.5 s, or gets a 503 (as many refused ones linger "
+            "0.25 s at most). At most a quarter of the open-file limit (`ulimit -n`), so the "
+            "API holds at most half of it: the rest is RocksDB's and Kafka's",
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
@@ -550,11 +551,11 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
     """The lookup API's settings (`_check`)."""
     problems = []
     connections = settings.api_max_connections
-    if connections is not None and not 1 <= connections <= open_file_limit() // 2:
+    if connections is not None and not 1 <= connections <= open_file_limit() // 4:
         problems.append(
-            f"{label('api_max_connections')}: must be 1 to {open_file_limit() // 2}, half the "
-            f"open-file limit ({open_file_limit()}; the rest is RocksDB's and Kafka's) "
-            f"(got {connections})"
+            f"{label('api_max_connections')}: must be 1 to {open_file_limit() // 4}, a quarter "
+            f"of the open-file limit ({open_file_limit()}; refused connections linger as many "
+            f"more, the rest is RocksDB's and Kafka's) (got {connections})"
         )
     token = settings.api_token
     if token and token.strip() and (not token.isprintable() or any(c.isspace() for c in token)):
