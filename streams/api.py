@@ -262,7 +262,7 @@ def _front(api: Api) -> Any:
                 raise ApiError(413, msg)
             response = await handler(request)
         except ApiError as exc:
-            response = _error_response(exc)
+            response = _api_error(request, exc)
             closing = exc.status in (408, 413)  # the body was not read: the stream is lost
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -285,6 +285,14 @@ def _front(api: Api) -> Any:
         return response
 
     return front
+
+
+def _api_error(request: web.Request, exc: ApiError) -> web.Response:
+    """The answer of a refused request; a 500 says only "internal error" (its message is
+    logged with the id)."""
+    if exc.status == 500:
+        return internal_error(f"{request.method} {request.path}", exc)
+    return _error_response(exc)
 
 
 def check_escapes(raw_path: str) -> None:

@@ -651,7 +651,7 @@ async def test_an_unreadable_stored_state_is_a_500_for_that_user_only(pair, http
     broken, fine = user_on(0, "broken"), user_on(0, "fine")
     a.node.tables.setdefault(0, {})[broken.encode()] = b"\xc1 not msgpack"
     status, body, _ = await get(http, f"{a.url}/v1/users/{broken}")
-    assert status == 500 and "cannot be read" in body["error"], body
+    assert status == 500 and body == {"error": "internal error", "status": 500, "id": body["id"]}
     async with http.post(f"{a.url}/v1/lookup", json={"users": [broken, fine]}) as response:
         assert response.status == 200
         results = (await response.json())["results"]
