@@ -941,11 +941,13 @@ class ApiService(Service):
         node: Any,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        switch_interval_s: float | None = None,
     ) -> None:
         super().__init__()
         self.app, self.api, self.sock, self.url, self.node = app, api, sock, url, node
         self.web_app = build_web_app(api)
         self.ssl_context = ssl_context
+        self.switch_interval_s = switch_interval_s
         self.runner: web.AppRunner | None = None
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -956,6 +958,8 @@ class ApiService(Service):
         # assignor advertises for this worker.
         self.app.conf.canonical_url = self.url
         self.node.worker_loop = asyncio.get_running_loop()
+        if self.switch_interval_s is not None:
+            sys.setswitchinterval(self.switch_interval_s)
         ready = threading.Event()
         self.thread = threading.Thread(
             target=self._serve, args=(ready,), name="oracular-api", daemon=True
@@ -1165,7 +1169,15 @@ def install_serving(app: Any, runtime: Any) -> Api:
         limits=Limits.from_settings(settings),
         cache=runtime.processor.cache,
     )
-    service = ApiService(app, api, sock, url, node, ssl_context=server_ssl)
+    service = ApiService(
+        app,
+        api,
+        sock,
+        url,
+        node,
+        ssl_context=server_ssl,
+        switch_interval_s=settings.api_switch_interval_ms / 1000,
+    )
     app.add_dependency(service)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
