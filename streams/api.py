@@ -13,7 +13,13 @@ recovery. `install_serving(app, runtime)` is the one hook `streams.app.create_ap
   reads and decodes that one user from RocksDB; a long batch yields to the event loop every
   few milliseconds.
 - Reveals are appended to the input topic as `revealed` commands, keyed by user, so the agent
-  applies them in order and a replay sees them.
+  applies them in order and a replay sees them; a `ts` further ahead than the max skew is
+  refused.
+- The front door (`streams.front`): every phase of a connection is bounded and every error is
+  JSON (an unexpected one says only "internal error" and a logged id); every answer says the
+  app id (`X-Oracular-App`). A forward carries this worker's token, goes only to an allowed
+  peer (ORACULAR_API_PEERS), follows no redirect, and its answer is checked (502 otherwise).
+- Exposure: a non-loopback bind needs a token (or ORACULAR_API_ALLOW_NO_TOKEN); TLS optional.
 """
 
 from __future__ import annotations
