@@ -55,9 +55,10 @@ REFUSED_LINGER_S: Final = 0.25
 before it closes (its request is usually on its way: closing at once would reset it)."""
 
 
-CLOSE_REASONS: Final = ("header_timeout", "evicted", "refused")
-"""Why the guard closes a connection: its headers were late; the cap was reached and it was
-the oldest without a request in progress; the cap was reached with every one busy."""
+CLOSE_REASONS: Final = ("header_timeout", "write_timeout", "evicted", "refused")
+"""Why the guard closes a connection: its headers were late; its client did not read an
+answer within the body deadline; the cap was reached and it was the least recently active
+idle one; the cap was reached with none to close (a 503)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,19 @@ class GuardedHandler(RequestHandler):
         self.idle_since = time.monotonic()
         self.guard.touch(self)
         return self.served >= self.guard.limits.max_requests
+
+    async def finish_response(
+        self, request: Any, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        """Write the answer within the body deadline: a client that does not read its
+        answers (pipelining requests and never reading) is closed, not waited for."""
+        try:
+            async with asyncio.timeout(self.guard.limits.body_timeout_s):
+                return await super().finish_response(request, resp, start_time)
+        except TimeoutError:
+            self.guard.closed["write_timeout"] += 1
+            self.force_close()
+            return resp, True
 
     def handle_error(
         self,

@@ -228,7 +228,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "a new API connection whose request line and headers have not all arrived this "
             "long after it opened is closed (slow or silent clients)"),
     Setting("api_body_timeout_s", "ORACULAR_API_BODY_TIMEOUT_S", float, 10.0,
-            "a request body not complete this long after its headers: 408, connection closed"),
+            "a request body not complete this long after its headers: 408, connection closed; "
+            "an answer its client has not taken this long after it was ready: closed"),
     Setting("api_keepalive_s", "ORACULAR_API_KEEPALIVE_S", float, 15.0,
             "an idle keep-alive connection is closed after this (the next request's headers "
             "must have arrived by then)"),

@@ -844,3 +844,35 @@ def test_a_taken_default_port_is_said_in_one_line_on_stderr(
         assert f"cannot serve the lookup API on 127.0.0.1:{taken}" in line
     finally:
         holder.close()
+
+
+async def test_a_client_that_never_reads_its_answers_is_closed(config: Any) -> None:
+    """Pipelined requests whose answers are never read: once the buffers are full, the
+    answer's write waits at most the body deadline, then the connection is closed."""
+    limits = dataclasses.replace(FAST, max_requests=200)
+    worker = await start_worker(config, token=TOKEN, limits=limits)
+    worker.node.owners = dict.fromkeys(range(4), worker.url)
+    worker.node.local = dict.fromkeys(range(4), "active")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the client reads nothing
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port(worker)))
+    _, writer = await asyncio.open_connection(sock=sock)
+    ask = f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: %d\r\n\r\n%s"
+    body = json.dumps({"users": [f"u{n}" for n in range(200)], "explain": True})
+    raw = (ask % (len(body), body)).encode()
+    guard = worker.server.guard
+    deadline = time.monotonic() + CLOSE_WAIT_S * 4
+    try:
+        for _ in range(limits.max_requests):  # bounded: the connection's request limit
+            if guard.closed["write_timeout"]:
+                break
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                writer.write(raw)
+                await asyncio.wait_for(writer.drain(), 1.0)
+        while not guard.closed["write_timeout"]:
+            assert time.monotonic() < deadline, "the server kept waiting for the client"
+            await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+        await worker.server.close()
