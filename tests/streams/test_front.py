@@ -876,3 +876,19 @@ async def test_a_client_that_never_reads_its_answers_is_closed(config: Any) -> N
     finally:
         writer.close()
         await worker.server.close()
+
+
+def test_the_default_peers_are_loopback_this_host_and_the_brokers_networks() -> None:
+    from streams.api import allowed_peers, bind
+    from streams.settings import Settings
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        peers = allowed_peers(Settings(broker="10.1.2.3:9092,kafka://10.9.8.7:9093"), sock)
+        assert peers.allows("x", ["127.0.0.1"]) and peers.allows("x", ["::1"])
+        assert peers.allows("x", ["10.1.2.200"]) and peers.allows("x", ["10.9.8.1"])
+        assert not peers.allows("x", ["10.1.3.1"]) and not peers.allows("x", ["8.8.8.8"])
+        listed = allowed_peers(Settings(api_peers="192.168.0.0/16"), sock)
+        assert listed.allows("x", ["192.168.4.4"]) and not listed.allows("x", ["127.0.0.1"])
+    finally:
+        sock.close()
