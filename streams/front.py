@@ -22,9 +22,12 @@ The body's deadline and size are enforced where it is read (`streams.api`).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import ssl
+import struct
+import termios
 import time
 import uuid
 from collections import Counter
@@ -47,6 +50,9 @@ EVICT_IDLE_S: Final = 0.5
 """At the connection cap, only a connection idle this long (no request since it opened or
 since its last answer) is closed to make room: a burst of clients is accepted before their
 requests are read, and those must not be taken for silent ones."""
+EVICT_PARTIAL_S: Final = 2.0
+"""The same for a connection that has sent part of a request (a slow client, or a request
+the worker has not yet read on a busy machine)."""
 LINGER_S: Final = 1.0
 """After answering a request whose body was not read (401, 413), unread body bytes are
 discarded for at most this long before the connection closes (aiohttp's default: 10 s)."""
@@ -112,6 +118,18 @@ _REFUSED_BODY: Final = (
 )
 
 
+def unread_bytes(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes waiting in the kernel for the connection (FIONREAD); 0 when unknown."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", raw)[0])
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's connection protocol, bounded by a `Guard`."""
 
@@ -124,6 +142,8 @@ class GuardedHandler(RequestHandler):
         """A request is in progress (headers complete, not yet answered)."""
         self.idle_since = time.monotonic()
         """When it opened or last answered a request (the guard evicts long-idle ones)."""
+        self.heard = False
+        """Bytes came since then (a request on its way, or a slow one)."""
         self.deadline: asyncio.TimerHandle | None = None
         self.refused: asyncio.Transport | None = None
         """Set when the guard refused the connection: it only says so, then closes."""
@@ -154,7 +174,19 @@ class GuardedHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if self.refused is None:
+            self.heard = True
             super().data_received(data)
+
+    def evictable(self, now: float) -> bool:
+        """May the guard close it to make room? Only when it has no request in progress,
+        has been idle EVICT_IDLE_S (EVICT_PARTIAL_S if part of a request came), and has no
+        bytes waiting unread (a busy worker may read a request late: it is not silent)."""
+        if self.busy:
+            return False
+        idle = now - self.idle_since
+        if idle < (EVICT_PARTIAL_S if self.heard else EVICT_IDLE_S):
+            return False
+        return unread_bytes(self.transport) == 0
 
     def eof_received(self) -> None:
         if self.refused is not None:
@@ -188,6 +220,7 @@ class GuardedHandler(RequestHandler):
         limit is reached)."""
         self.busy = False
         self.idle_since = time.monotonic()
+        self.heard = False
         self.guard.touch(self)
         return self.served >= self.guard.limits.max_requests
 
@@ -242,14 +275,13 @@ class Guard:
         """Refused connections still open (answered 503, discarding what the client sends)."""
 
     def admit(self, conn: GuardedHandler) -> bool:
-        """Take a new connection: at the cap, close the least recently active one that has
-        no request in progress and has been idle for EVICT_IDLE_S; False (refuse it) when
-        there is none: every connection has a request in progress or just came (a burst of
-        clients whose requests are on their way)."""
+        """Take a new connection: at the cap, close the least recently active one that may be
+        (`GuardedHandler.evictable`); False (refuse it) when there is none: every connection
+        has a request in progress or on its way (a burst of clients)."""
         if len(self.connections) >= self.limits.max_connections:
             now = time.monotonic()
-            oldest = next((c for c in self.connections if not c.busy), None)
-            if oldest is None or now - oldest.idle_since < EVICT_IDLE_S:
+            oldest = next((c for c in self.connections if c.evictable(now)), None)
+            if oldest is None:
                 self.closed["refused"] += 1
                 return False
             self.connections.pop(oldest)

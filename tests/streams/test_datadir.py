@@ -64,5 +64,6 @@ def test_the_worker_refuses_another_apps_datadir(
     with pytest.raises(SystemExit) as caught:
         create_app(other, config)
     assert caught.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
+    lines = capsys.readouterr().err.splitlines()
+    [line] = [line for line in lines if line.startswith("oracular worker:")]
     assert line.startswith("oracular worker: the datadir") and "'app-b'" in line

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.config import load_config
-from streams.front import EVICT_IDLE_S, Limits
+from streams.front import EVICT_IDLE_S, EVICT_PARTIAL_S, Limits
 from streams.serving import MAX_JSON_DEPTH, Peers, partition_for
 from streams.settings import APP_HEADER
 from tests.streams.test_cli_replay import CONFIG
@@ -892,3 +892,31 @@ def test_the_default_peers_are_loopback_this_host_and_the_brokers_networks() -> 
         assert listed.allows("x", ["192.168.4.4"]) and not listed.allows("x", ["127.0.0.1"])
     finally:
         sock.close()
+
+
+async def test_a_connection_whose_request_is_on_its_way_is_not_evicted(config: Any) -> None:
+    """At the cap, connections that sent part of a request (a busy worker reads requests
+    late; a slow client) are kept for EVICT_PARTIAL_S: a newcomer gets a JSON 503 instead of
+    a reset for them; the header deadline still ends the slow ones."""
+    limits = dataclasses.replace(FAST, header_timeout_s=EVICT_PARTIAL_S * 3)
+    worker = await start_worker(config, token=TOKEN, limits=limits)
+    started = time.monotonic()
+    partial = []
+    try:
+        for _ in range(limits.max_connections):
+            reader, writer = await connect(worker)
+            writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+            partial.append((reader, writer))
+        guard = worker.server.guard
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while sum(c.heard for c in guard.connections) < limits.max_connections:
+            assert time.monotonic() < deadline, "the partial requests never arrived"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(max(0.0, started + EVICT_IDLE_S - time.monotonic()))
+        status, _, _ = await request(worker, get("/readyz"))
+        if time.monotonic() - started < EVICT_PARTIAL_S:  # else a slow box: evictable now
+            assert status == 503 and guard.closed["evicted"] == 0
+    finally:
+        for _, writer in partial:
+            writer.close()
+        await worker.server.close()
