@@ -56,14 +56,15 @@ def test_the_worker_refuses_another_apps_datadir(
 
     config = load_config("examples/oracular.yaml")
     datadir = str(tmp_path / "state")
-    settings = settings_from_env({"ORACULAR_DATADIR": datadir, "ORACULAR_APP_ID": "app-b"})
+    env = {"ORACULAR_DATADIR": datadir, "ORACULAR_API_PORT": "0"}  # 6067 may be taken
+    settings = settings_from_env({**env, "ORACULAR_APP_ID": "app-b"})
     create_app(settings, config)
     assert read_owner(tmp_path / "state") == {"app_id": "app-b", "events_topic": "oracular.events"}
     assert mode(tmp_path / "state") == 0o700
-    other = settings_from_env({"ORACULAR_DATADIR": datadir, "ORACULAR_APP_ID": "app-a"})
+    other = settings_from_env({**env, "ORACULAR_APP_ID": "app-a"})
     with pytest.raises(SystemExit) as caught:
         create_app(other, config)
     assert caught.value.code == 2
     lines = capsys.readouterr().err.splitlines()
-    [line] = [line for line in lines if line.startswith("oracular worker:")]
+    [line] = lines
     assert line.startswith("oracular worker: the datadir") and "'app-b'" in line
