@@ -56,12 +56,18 @@ FAST = Limits(
 )
 
 
+async def owning_worker(config: Any, limits: Limits) -> Worker:
+    """A worker with the token and `limits` that owns every partition."""
+    w = await start_worker(config, token=TOKEN, limits=limits)
+    w.node.owners = dict.fromkeys(range(4), w.url)
+    w.node.local = dict.fromkeys(range(4), "active")
+    return w
+
+
 @pytest.fixture
 async def worker(config: Any) -> AsyncIterator[Worker]:
     """One worker owning every partition, with short limits and a token."""
-    w = await start_worker(config, token=TOKEN, limits=FAST)
-    w.node.owners = dict.fromkeys(range(4), w.url)
-    w.node.local = dict.fromkeys(range(4), "active")
+    w = await owning_worker(config, FAST)
     yield w
     await w.server.close()
 
@@ -205,9 +211,7 @@ async def test_at_the_connection_cap_the_oldest_idle_one_makes_room(config: Any)
     lookup answers at once (the oldest silent connection is closed to make room)."""
     user = user_on(1)
     limits = dataclasses.replace(FAST, header_timeout_s=30.0)  # silent: closed by eviction
-    worker = await start_worker(config, token=TOKEN, limits=limits)
-    worker.node.owners = dict.fromkeys(range(4), worker.url)
-    worker.node.local = dict.fromkeys(range(4), "active")
+    worker = await owning_worker(config, limits)
     silent = [await connect(worker) for _ in range(FAST.max_connections * 3)]
     started = time.monotonic()
     try:
@@ -226,18 +230,24 @@ async def test_at_the_connection_cap_the_oldest_idle_one_makes_room(config: Any)
         await worker.server.close()
 
 
-async def test_when_every_connection_is_busy_a_new_one_gets_a_json_503(worker: Worker) -> None:
-    head = post_head(100)
-    busy = []
-    for _ in range(FAST.max_connections):  # each waits for its body: a request in progress
+async def fill(worker: Worker, n: int, raw: bytes, state: str) -> list[Any]:
+    """`n` connections that each sent `raw`, once the guard sees them all `state` ("busy":
+    a request in progress, "heard": part of one came)."""
+    conns = []
+    for _ in range(n):
         reader, writer = await connect(worker)
-        writer.write(head)
-        busy.append((reader, writer))
-    guard = worker.server.guard
+        writer.write(raw)
+        conns.append((reader, writer))
     deadline = time.monotonic() + CLOSE_WAIT_S
-    while sum(c.busy for c in guard.connections) < FAST.max_connections:
-        assert time.monotonic() < deadline, "the connections never became busy"
+    while sum(getattr(c, state) for c in worker.server.guard.connections) < n:
+        assert time.monotonic() < deadline, f"the connections never became {state}"
         await asyncio.sleep(0.01)
+    return conns
+
+
+async def test_when_every_connection_is_busy_a_new_one_gets_a_json_503(worker: Worker) -> None:
+    # Each waits for its body: a request in progress.
+    busy = await fill(worker, FAST.max_connections, post_head(100), "busy")
     reader, writer = await connect(worker)
     status, headers, body = parse(await read_until_closed(reader))
     assert status == 503 and headers["retry-after"] == "1" and "too many" in body["error"]
@@ -850,9 +860,7 @@ async def test_a_client_that_never_reads_its_answers_is_closed(config: Any) -> N
     """Pipelined requests whose answers are never read: once the buffers are full, the
     answer's write waits at most the body deadline, then the connection is closed."""
     limits = dataclasses.replace(FAST, max_requests=200)
-    worker = await start_worker(config, token=TOKEN, limits=limits)
-    worker.node.owners = dict.fromkeys(range(4), worker.url)
-    worker.node.local = dict.fromkeys(range(4), "active")
+    worker = await owning_worker(config, limits)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the client reads nothing
     sock.setblocking(False)
@@ -899,19 +907,12 @@ async def test_a_connection_whose_request_is_on_its_way_is_not_evicted(config: A
     late; a slow client) are kept for EVICT_PARTIAL_S: a newcomer gets a JSON 503 instead of
     a reset for them; the header deadline still ends the slow ones."""
     limits = dataclasses.replace(FAST, header_timeout_s=EVICT_PARTIAL_S * 3)
-    worker = await start_worker(config, token=TOKEN, limits=limits)
+    worker = await owning_worker(config, limits)
     started = time.monotonic()
     partial = []
     try:
-        for _ in range(limits.max_connections):
-            reader, writer = await connect(worker)
-            writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
-            partial.append((reader, writer))
+        partial += await fill(worker, limits.max_connections, b"GET /livez HTTP/1.1\r\n", "heard")
         guard = worker.server.guard
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        while sum(c.heard for c in guard.connections) < limits.max_connections:
-            assert time.monotonic() < deadline, "the partial requests never arrived"
-            await asyncio.sleep(0.01)
         await asyncio.sleep(max(0.0, started + EVICT_IDLE_S - time.monotonic()))
         status, _, _ = await request(worker, get("/readyz"))
         if time.monotonic() - started < EVICT_PARTIAL_S:  # else a slow box: evictable now
