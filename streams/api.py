@@ -536,7 +536,7 @@ class _Handlers:
                 headers=headers,
                 allow_redirects=False,
             ) as response:
-                payload = await response.content.read(MAX_PEER_ANSWER_BYTES + 1)
+                payload = await _read_bounded(response.content, MAX_PEER_ANSWER_BYTES + 1)
                 status, app = response.status, response.headers.get(APP_HEADER)
                 passed = {}
                 if "Retry-After" in response.headers:
@@ -742,6 +742,15 @@ class _Handlers:
             },
             202,
         )
+
+
+async def _read_bounded(stream: Any, limit: int) -> bytes:
+    """A body read to its end, or to `limit` bytes if it is longer (`read(n)` alone returns
+    what has arrived so far)."""
+    body = bytearray()
+    while len(body) < limit and (chunk := await stream.read(limit - len(body))):
+        body += chunk
+    return bytes(body)
 
 
 async def _yield() -> None:

@@ -921,3 +921,24 @@ async def test_a_connection_whose_request_is_on_its_way_is_not_evicted(config: A
         for _, writer in partial:
             writer.close()
         await worker.server.close()
+
+
+async def test_a_large_answer_from_the_owner_is_read_whole(config: Any, owner: FakeOwner) -> None:
+    """A batch answer of several MiB arrives in many chunks: the forward reads all of it."""
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        users = [u["user"] for u in (await request.json())["users"]]
+        pad = "x" * 4000
+        results = [{"status": "unknown", "user": u, "pad": pad} for u in users]
+        body = {"at": 5, "counts": {"unknown": len(users)}, "results": results}
+        return web.json_response(body, headers={APP_HEADER: "oracular"})
+
+    owner.answer = big
+    w = await forwarding(config, owner)
+    try:
+        users = [f"big-{n}" for n in range(1000)]
+        body = json.dumps({"users": users, "at": 5}).encode()
+        status, _, answer = await request(w, post("/v1/lookup", body))
+        assert status == 200 and [r["user"] for r in answer["results"]] == users
+    finally:
+        await w.server.close()
