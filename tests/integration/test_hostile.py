@@ -4,7 +4,7 @@ One worker, limited to 1,024 open files as many hosts limit a service, consumes 
 stream of inputs while the test attacks its API from 127.0.0.1: a flood of silent
 (half-open) connections larger than its file limit, slowloris headers, a 1 GB declared body
 with no body, 2,000 concurrent clients. After each attack: an authorized lookup answers within
-a second, `/readyz` answers, the worker held at most three quarters of its file limit during
+a second, `/readyz` answers, the worker held less than seven eighths of its file limit during
 it (sampled from /proc: the old code reached the limit, 1,024, in the flood and the storm),
 and it applied inputs during the attack (counted from its `/metrics`). The table of attacks
 is printed.
@@ -318,6 +318,7 @@ async def test_hostile_clients_cannot_stop_the_api_or_the_worker(
     # accepted when room was needed (on a starved box, this process's 2,000 clients are that
     # slow to send: then none is answered 200); never another status, never a worker down.
     assert set(answers) <= {0, 200, 503}, text
-    for name, seen, *_ in table:  # the API's share: at most half the file limit, and room
-        assert seen["most open files"] < WORKER_FILES * 3 // 4, f"{name}: {text}"
+    for name, seen, *_ in table:  # the API's share: twice the cap (a quarter of the limit
+        # each), the closes of one accept burst (the listen backlog, 128) pending: room left
+        assert seen["most open files"] < WORKER_FILES * 7 // 8, f"{name}: {text}"
     assert "out of system resource" not in log and "Too many open files" not in log, log[-3000:]
