@@ -90,6 +90,10 @@ if ! grep -q "Worker ready" "$LOG"; then
     exit 1
 fi
 
+# The lookup API's address, from the worker's log line (6067, or a free port if it is taken).
+api=$(grep -o "advertised to other workers as [^ ]*" "$LOG" | tail -n 1 | awk '{print $NF}')
+echo "== lookup API of $RUN_ID: ${api:-not found in $LOG} (docs/serving.md); in another terminal:"
+echo "   ORACULAR_APP_ID=$RUN_ID $ORACULAR query user-00126 --url ${api:-URL} --explain"
 echo "== feeding $SAMPLE to $RUN_ID.events (times shifted so its last event is now)"
 "$ORACULAR" produce "$SAMPLE" --now
 echo "== outputs as they arrive: time (UTC), user, the event, then p per intent (REVEAL: show"

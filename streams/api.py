@@ -13,7 +13,13 @@ recovery. `install_serving(app, runtime)` is the one hook `streams.app.create_ap
   reads and decodes that one user from RocksDB; a long batch yields to the event loop every
   few milliseconds.
 - Reveals are appended to the input topic as `revealed` commands, keyed by user, so the agent
-  applies them in order and a replay sees them.
+  applies them in order and a replay sees them; a `ts` further ahead than the max skew is
+  refused.
+- The front door (`streams.front`): every phase of a connection is bounded and every error is
+  JSON (an unexpected one says only "internal error" and a logged id); every answer says the
+  app id (`X-Oracular-App`). A forward carries this worker's token, goes only to an allowed
+  peer (ORACULAR_API_PEERS), follows no redirect, and its answer is checked (502 otherwise).
+- Exposure: a non-loopback bind needs a token (or ORACULAR_API_ALLOW_NO_TOKEN); TLS optional.
 """
 
 from __future__ import annotations
@@ -21,20 +27,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_args
+from typing import Any, NoReturn, Protocol, get_args
 
 import msgpack
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from mode import Service
 from yarl import URL
 
@@ -43,6 +52,8 @@ from engine.episodes import Reason
 from schemas.stored import StoredUser
 from streams import faust_patches
 from streams import processor as processor_module
+from streams.cli_common import EXIT_USAGE
+from streams.front import Guard, GuardedHandler, Limits, internal_error, serve
 from streams.metrics import (
     CONTENT_TYPE,
     Family,
@@ -53,17 +64,20 @@ from streams.metrics import (
 )
 from streams.serving import (
     FORWARDED_HEADER,
-    MAX_BODY_BYTES,
     RETRY_AFTER_S,
     ApiError,
     BatchItem,
     PartitionView,
+    PeerAnswerError,
+    Peers,
     Route,
     UserRead,
     answer,
     batch_body,
     batch_counts,
     check_intents,
+    check_peer_answer,
+    check_peer_batch,
     check_user,
     config_identity,
     parse_at,
@@ -75,7 +89,7 @@ from streams.serving import (
     read_user,
     route,
 )
-from streams.settings import DEFAULT_API_PORT, Settings
+from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
 
 log = logging.getLogger("oracular.api")
 
@@ -86,6 +100,10 @@ one decoded from the table several times that; and each time the loop runs, the 
 go of the GIL and may wait up to the switch interval for the worker's thread to hand it back,
 so a batch of 100 from the cache (~4 ms) is answered in one go."""
 EXIT_UNAVAILABLE = 69
+MAX_PEER_ANSWER_BYTES = 16 << 20
+"""Largest answer taken from another worker (a batch of 1,000 with explanations is ~2 MiB)."""
+RESOLVE_TTL_S = 60.0
+MAX_RESOLVED = 256
 DEFAULT_PORT = DEFAULT_API_PORT
 """The API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
 
@@ -132,6 +150,21 @@ class Api:
     node: Node
     token: str | None = None
     forward_timeout_s: float = 2.0
+    max_skew_ms: int = 60_000
+    """A reveal's `ts` may be at most this far ahead of the clock (ORACULAR_MAX_SKEW_MS)."""
+    client_ssl: ssl.SSLContext | None = None
+    """Verifies the other workers' API certificates when forwarding (None: the system's)."""
+    app_id: str = "oracular"
+    """ORACULAR_APP_ID: said on every answer (APP_HEADER); a peer must say the same."""
+    peers: Peers = field(default_factory=Peers)
+    """Where lookups may be forwarded (ORACULAR_API_PEERS; default here: loopback only)."""
+    peer_problems: set[tuple[str, str]] = field(default_factory=set)
+    """(peer URL, problem) already logged: each is logged once."""
+    addresses: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    """Host -> (when resolved, its addresses), for the peer check."""
+    limits: Limits = field(default_factory=Limits)
+    guard: Guard | None = None
+    """The server's connections (set once it serves)."""
     metrics: Metrics = field(default_factory=Metrics)
     session: ClientSession | None = None
     cache: UserCache | None = None
@@ -149,7 +182,29 @@ class Api:
     async def start(self) -> None:
         """Open the client session used to forward lookups."""
         if self.session is None:
-            self.session = ClientSession(timeout=ClientTimeout(total=self.forward_timeout_s))
+            self.session = ClientSession(
+                timeout=ClientTimeout(total=self.forward_timeout_s),
+                connector=TCPConnector(ssl=self.client_ssl or True),
+            )
+
+    async def resolve(self, host: str) -> list[str]:
+        """`host`'s addresses (itself if it is one), cached for a minute; [] if unresolved."""
+        with contextlib.suppress(ValueError):
+            return [str(ipaddress.ip_address(host.strip("[]")))]
+        now = time.monotonic()
+        cached = self.addresses.get(host)
+        if cached is not None and now - cached[0] < RESOLVE_TTL_S:
+            return cached[1]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None)
+        except OSError:
+            found: list[str] = []
+        else:
+            found = sorted({str(info[4][0]) for info in infos})
+        if len(self.addresses) >= MAX_RESOLVED:
+            self.addresses.clear()
+        self.addresses[host] = (now, found)
+        return found
 
     async def close(self) -> None:
         if self.session is not None:
@@ -159,7 +214,9 @@ class Api:
 
 def build_web_app(api: Api) -> web.Application:
     """The aiohttp application of the API (routes, auth, JSON errors, size limits)."""
-    app = web.Application(middlewares=[_errors(api), _auth(api)], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        middlewares=[_front(api), _auth(api)], client_max_size=api.limits.max_body_bytes
+    )
     handlers = _Handlers(api)
     app.router.add_get("/livez", handlers.livez)
     app.router.add_get("/readyz", handlers.readyz)
@@ -191,26 +248,78 @@ def _error_response(exc: ApiError) -> web.Response:
     return _json(exc.body(), exc.status, headers)
 
 
-def _errors(api: Api) -> Any:
+def _front(api: Api) -> Any:
+    """The outermost middleware: marks the connection busy while a request is answered
+    (`streams.front`), refuses a declared body over the limit before reading it, closes a
+    connection at its request limit, and turns every error into JSON: an unexpected one into
+    a 500 that says only "internal error" and an id (logged with the traceback)."""
+    limit = api.limits.max_body_bytes
+
     @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = request.protocol if isinstance(request.protocol, GuardedHandler) else None
+        if conn is not None:
+            conn.begin()
+        closing = False
         try:
-            return await handler(request)
+            check_escapes(request.raw_path)
+            if request.content_length is not None and request.content_length > limit:
+                msg = f"the body is {request.content_length} bytes; the limit is {limit}"
+                raise ApiError(413, msg)
+            response = await handler(request)
         except ApiError as exc:
-            return _error_response(exc)
+            response = _api_error(request, exc)
+            closing = exc.status in (408, 413)  # the body was not read: the stream is lost
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            body = {"error": exc.reason, "status": exc.status}
+            message = exc.reason
             if exc.status == 413:
-                body["error"] = f"the body is larger than {MAX_BODY_BYTES} bytes"
-            return _json(body, exc.status)
+                message = f"the body is larger than {limit} bytes"
+            response = _json({"error": message, "status": exc.status}, exc.status)
+            closing = exc.status == 413
+        except (asyncio.CancelledError, ConnectionError):
+            raise
         except Exception as exc:
-            log.exception("lookup API: %s %s failed", request.method, request.path)
-            return _json({"error": f"{type(exc).__name__}: {exc}", "status": 500}, 500)
+            response = internal_error(f"{request.method} {request.path}", exc)
+        finally:
+            if conn is not None:
+                closing = conn.end() or closing
+        if closing:
+            response.force_close()
+        response.headers[APP_HEADER] = api.app_id
+        return response
 
-    del api
-    return errors
+    return front
+
+
+def _api_error(request: web.Request, exc: ApiError) -> web.Response:
+    """The answer of a refused request; a 500 says only "internal error" (its message is
+    logged with the id)."""
+    if exc.status == 500:
+        return internal_error(f"{request.method} {request.path}", exc)
+    return _error_response(exc)
+
+
+def check_escapes(raw_path: str) -> None:
+    """400 unless the path's and query's percent-escapes decode as UTF-8 (aiohttp would pass
+    `%ff` on as the three characters, naming another user)."""
+    try:
+        urllib.parse.unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = "the URL has percent-escapes that are not UTF-8 (quote the user id's UTF-8 bytes)"
+        raise ApiError(400, msg) from exc
+
+
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    """The request body, read within the body deadline (408 after it) and the size limit
+    (413: the aiohttp application's client_max_size)."""
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            return await request.read()
+    except TimeoutError as exc:
+        msg = f"the body did not arrive within {limits.body_timeout_s:g} s"
+        raise ApiError(408, msg) from exc
 
 
 def _auth(api: Api) -> Any:
@@ -218,10 +327,12 @@ def _auth(api: Api) -> Any:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         token = api.token
         if token and request.path != "/livez":
-            given = request.headers.get("Authorization", "")
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), token.encode()
+            # Header bytes that are not UTF-8 arrive as surrogate escapes: compared as the
+            # bytes sent, they cannot match (401), and cannot fail to encode.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            scheme, _, value = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                value.strip(), token.encode()
             ):
                 return _json(
                     {"error": "missing or wrong bearer token (ORACULAR_API_TOKEN)", "status": 401},
@@ -242,7 +353,7 @@ class _Handlers:
     # --- health and metrics -----------------------------------------------------------
 
     async def livez(self, request: web.Request) -> web.Response:
-        return _json({"live": True, "worker": self.node.me})
+        return _json({"live": True})  # no token needed: nothing about the worker
 
     async def readyz(self, request: web.Request) -> web.Response:
         reasons = self.node.health()
@@ -277,6 +388,8 @@ class _Handlers:
         for source in ("cache", "table"):
             reads.add(self.api.reads[source], (("source", source),))
         families += [lag, *self.node.gauges(), *self.api.metrics.families(), reads]
+        if self.api.guard is not None:
+            families += self.api.guard.families()
         families.append(
             Family("oracular_config_info", "gauge", "The engine config's hash.").add(
                 1, (("config", self.config_id),)
@@ -315,7 +428,9 @@ class _Handlers:
             decision = route(partition, view, stale=stale, forwarded=forwarded)
             if decision.action == "forward":
                 assert decision.url is not None
-                response, status = await self._forward_single(request, decision.url)
+                response, status = await self._forward_single(
+                    request, decision.url, user, partition
+                )
                 return response
             if decision.action == "unavailable":
                 status = "unavailable"
@@ -362,6 +477,7 @@ class _Handlers:
             with_explain=with_explain,
             served_by={"worker": self.node.me, "role": decision.role},
             config_id=self.config_id,
+            app_id=self.api.app_id,
         )
 
     def _read(self, user: str, partition: int, decision: Route, *, settling: bool) -> UserRead:
@@ -383,11 +499,16 @@ class _Handlers:
             msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
             raise ApiError(500, msg, partition=partition) from exc
 
-    async def _forward_single(self, request: web.Request, url: str) -> tuple[web.Response, str]:
-        body = await request.read() if request.can_read_body else None
-        status, payload, headers = await self._forward(
-            request.method, url, request.path_qs, body, request.headers
-        )
+    async def _forward_single(
+        self, request: web.Request, url: str, user: str, partition: int
+    ) -> tuple[web.Response, str]:
+        body = await read_body(request, self.api.limits) if request.can_read_body else None
+        status, payload, headers = await self._forward(request.method, url, request.path_qs, body)
+        if status == 200:
+            try:
+                check_peer_answer(payload, user, partition)
+            except PeerAnswerError as exc:
+                raise self._bad_peer(url, f"answered {exc}") from exc
         outcome = "forwarded"
         if status == 503:
             outcome = "unavailable"
@@ -396,29 +517,30 @@ class _Handlers:
         ), outcome
 
     async def _forward(
-        self,
-        method: str,
-        url: str,
-        path_qs: str,
-        body: bytes | None,
-        incoming: Mapping[str, str],
+        self, method: str, url: str, path_qs: str, body: bytes | None
     ) -> tuple[int, bytes, dict[str, str]]:
-        """One hop to `url`; (status, body, headers to pass on). Timeout: 504; down: 503."""
+        """One hop to `url`, with this worker's own token (never the caller's), only to an
+        allowed peer, redirects not followed; (status, body, headers to pass on). Timeout:
+        504; down: 503; a peer not allowed, refusing the token or answering garbage: 502."""
         api = self.api
         assert api.session is not None, "the API was not started"
+        await self._check_peer(url)
         headers = {FORWARDED_HEADER: self.node.me, "Content-Type": "application/json"}
-        if "Authorization" in incoming:
-            headers["Authorization"] = incoming["Authorization"]
+        if api.token:
+            headers["Authorization"] = f"Bearer {api.token}"
         try:
             async with api.session.request(
-                method, url.rstrip("/") + path_qs, data=body, headers=headers
+                method,
+                url.rstrip("/") + path_qs,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
             ) as response:
-                payload = await response.read()
+                payload = await _read_bounded(response.content, MAX_PEER_ANSWER_BYTES + 1)
+                status, app = response.status, response.headers.get(APP_HEADER)
                 passed = {}
                 if "Retry-After" in response.headers:
-                    passed["Retry-After"] = response.headers["Retry-After"]
-                api.metrics.forwards[(("outcome", str(response.status)),)] += 1
-                return response.status, payload, passed
+                    passed["Retry-After"] = response.headers["Retry-After"][:8]
         except TimeoutError as exc:
             api.metrics.forwards[(("outcome", "timeout"),)] += 1
             msg = f"the owning worker {url} did not answer within {api.forward_timeout_s:g} s"
@@ -427,12 +549,53 @@ class _Handlers:
             api.metrics.forwards[(("outcome", "unreachable"),)] += 1
             msg = f"the owning worker {url} is unreachable ({type(exc).__name__}); retry"
             raise ApiError(503, msg, retry_after=RETRY_AFTER_S, worker=url) from exc
+        api.metrics.forwards[(("outcome", str(status)),)] += 1
+        if status in (401, 403):
+            raise self._bad_peer(
+                url,
+                f"refused this worker's token ({status}): every worker of the app must have "
+                "the same ORACULAR_API_TOKEN",
+            )
+        if len(payload) > MAX_PEER_ANSWER_BYTES or not (
+            status in (200, 503, 504) or 400 <= status < 500
+        ):
+            raise self._bad_peer(url, f"answered HTTP {status}, not a lookup answer")
+        if app != api.app_id:
+            raise self._bad_peer(
+                url,
+                f"is app {str(app)[:64]!r}, not {api.app_id!r}: another app's worker on the "
+                "advertised address (check ORACULAR_API_URL and ORACULAR_APP_ID there)",
+            )
+        return status, payload, passed
+
+    async def _check_peer(self, url: str) -> None:
+        """502 unless `url`'s host is an allowed peer (ORACULAR_API_PEERS)."""
+        api = self.api
+        host = URL(url).host or ""
+        addresses = await api.resolve(host)
+        if not api.peers.allows(host, addresses):
+            raise self._bad_peer(
+                url,
+                f"is not an allowed peer: {host} ({', '.join(addresses) or 'unresolved'}) is "
+                f"outside ORACULAR_API_PEERS ({api.peers.describe()})",
+            )
+
+    def _bad_peer(self, url: str, problem: str) -> ApiError:
+        """A 502 saying what is wrong with the owning worker; logged once per worker and
+        problem (the first words of it), with what to fix."""
+        key = (url, problem.split(":", 1)[0][:40])
+        if key not in self.api.peer_problems:
+            self.api.peer_problems.add(key)
+            log.warning("lookup API: not forwarding to the owning worker %s: it %s", url, problem)
+        self.api.metrics.forwards[(("outcome", "refused"),)] += 1
+        return ApiError(502, f"the owning worker {url} {problem}", worker=url)
 
     async def batch(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         statuses: dict[str, int] = {}
         try:
-            batch = parse_batch(await request.read(), self.api.config)
+            raw = await read_body(request, self.api.limits)
+            batch = parse_batch(raw, self.api.config, self.api.limits.max_body_bytes)
             at = batch.at if batch.at is not None else self.api.clock()
             forwarded = FORWARDED_HEADER in request.headers
             results: list[dict[str, Any] | None] = [None] * len(batch.items)
@@ -510,29 +673,36 @@ class _Handlers:
         """One forward per owner for its users; their slots get the owner's answers.
 
         When the owner has every user of the batch, its answer is the batch's answer: then
-        (its counts, the answer) are returned to be passed on as they are, without decoding
-        and encoding all the results again (if its head adds up: `batch_counts`).
+        (its counts, the answer) are returned to be passed on as they are, without encoding
+        all the results again (if its head adds up: `batch_counts`). An owner that is not an
+        allowed peer, refuses this worker's token or answers garbage: its users' results are
+        errors saying so, or, when it has them all, the batch is a 502.
         """
         items: list[BatchItem] = [batch.items[n] for n in indexes]
         body = json.dumps(batch.to_json(items, at)).encode()
+        whole = len(indexes) == len(results)
         try:
-            status, payload, _ = await self._forward(
-                "POST", url, "/v1/lookup", body, request.headers
-            )
+            status, payload, _ = await self._forward("POST", url, "/v1/lookup", body)
             if status != 200:
                 raise ApiError(status, payload.decode(errors="replace")[:300])
-            if len(indexes) == len(results):
+            try:
+                answers = check_peer_batch(payload, [item.user for item in items])
+            except PeerAnswerError as exc:
+                raise self._bad_peer(url, f"answered {exc}") from exc
+            if whole:
                 counts = batch_counts(payload, at, len(indexes))
                 if counts is not None:
                     return counts, payload
-            answers = json.loads(payload)["results"]
-            if len(answers) != len(indexes):
-                raise ApiError(502, f"{url} answered {len(answers)} of {len(indexes)} users")
         except ApiError as exc:
+            if whole and exc.status == 502:
+                raise
             for n in indexes:
                 item = batch.items[n]
                 partition = partition_for(item.user, self.node.partitions)
-                results[n] = _unavailable(item, partition, exc.message)
+                result = _unavailable(item, partition, exc.message)
+                if exc.status == 502:
+                    result["status"] = "error"
+                results[n] = result
             return None
         for n, result in zip(indexes, answers, strict=True):
             results[n] = result
@@ -542,7 +712,8 @@ class _Handlers:
 
     async def revealed(self, request: web.Request) -> web.Response:
         user = check_user(request.match_info["user"])
-        intent, ts = parse_reveal(await request.read(), self.api.config, self.api.clock())
+        body = await read_body(request, self.api.limits)
+        intent, ts = parse_reveal(body, self.api.config, self.api.clock(), self.api.max_skew_ms)
         command = {
             "id": f"api-{uuid.uuid4().hex}",
             "user": user,
@@ -571,6 +742,15 @@ class _Handlers:
             },
             202,
         )
+
+
+async def _read_bounded(stream: Any, limit: int) -> bytes:
+    """A body read to its end, or to `limit` bytes if it is longer (`read(n)` alone returns
+    what has arrived so far)."""
+    body = bytearray()
+    while len(body) < limit and (chunk := await stream.read(limit - len(body))):
+        body += chunk
+    return bytes(body)
 
 
 async def _yield() -> None:
@@ -768,10 +948,21 @@ class ApiService(Service):
     STARTUP_TIMEOUT_S = 30.0
 
     def __init__(
-        self, app: Any, web_app: web.Application, sock: socket.socket, url: str, node: Any
+        self,
+        app: Any,
+        api: Api,
+        sock: socket.socket,
+        url: str,
+        node: Any,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        switch_interval_s: float | None = None,
     ) -> None:
         super().__init__()
-        self.app, self.web_app, self.sock, self.url, self.node = app, web_app, sock, url, node
+        self.app, self.api, self.sock, self.url, self.node = app, api, sock, url, node
+        self.web_app = build_web_app(api)
+        self.ssl_context = ssl_context
+        self.switch_interval_s = switch_interval_s
         self.runner: web.AppRunner | None = None
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -782,6 +973,8 @@ class ApiService(Service):
         # assignor advertises for this worker.
         self.app.conf.canonical_url = self.url
         self.node.worker_loop = asyncio.get_running_loop()
+        if self.switch_interval_s is not None:
+            sys.setswitchinterval(self.switch_interval_s)
         ready = threading.Event()
         self.thread = threading.Thread(
             target=self._serve, args=(ready,), name="oracular-api", daemon=True
@@ -804,9 +997,13 @@ class ApiService(Service):
         asyncio.set_event_loop(loop)
 
         async def start() -> None:
-            self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
-            await self.runner.setup()
-            await web.SockSite(self.runner, self.sock).start()
+            self.runner, self.api.guard = await serve(
+                self.web_app,
+                self.sock,
+                self.api.limits,
+                ssl_context=self.ssl_context,
+                app_id=self.api.app_id,
+            )
 
         try:
             loop.run_until_complete(start())
@@ -848,7 +1045,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def advertised_url(settings: Settings, sock: socket.socket) -> str:
-    """The URL other workers use: ORACULAR_API_URL, else http://host:bound port."""
+    """The URL other workers use: ORACULAR_API_URL, else http(s)://host:bound port (https
+    with ORACULAR_API_TLS_CERT)."""
     if settings.api_url:
         return str(URL(settings.api_url.rstrip("/")))  # as Faust's assignor will spell it
     port = sock.getsockname()[1]
@@ -857,7 +1055,103 @@ def advertised_url(settings: Settings, sock: socket.socket) -> str:
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"
-    return str(URL(f"http://{host}:{port}"))
+    scheme = "https" if settings.api_tls_cert is not None else "http"
+    return str(URL(f"{scheme}://{host}:{port}"))
+
+
+def _refuse(message: str) -> NoReturn:
+    """Stop the worker before it starts: one line on stderr, exit 2 (a settings problem)."""
+    print(f"oracular worker: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def check_exposure(settings: Settings, sock: socket.socket) -> None:
+    """Refuse to serve a non-loopback address without a token, unless
+    ORACULAR_API_ALLOW_NO_TOKEN says so (then warn, at every start)."""
+    host = str(sock.getsockname()[0])
+    if ipaddress.ip_address(host.split("%", maxsplit=1)[0]).is_loopback or settings.api_token:
+        return
+    where = f"the lookup API on {host} (ORACULAR_API_HOST={settings.api_host})"
+    if not settings.api_allow_no_token:
+        _refuse(
+            f"{where} would serve predictions and take reveals from the network without a "
+            "token: set ORACULAR_API_TOKEN or ORACULAR_API_TOKEN_FILE, bind 127.0.0.1, or set "
+            "ORACULAR_API_ALLOW_NO_TOKEN=true to serve it open (docs/serving.md)"
+        )
+    warning = (
+        f"{where} serves without a token (ORACULAR_API_ALLOW_NO_TOKEN=true): anyone who can "
+        "reach it reads predictions and posts reveals"
+    )
+    log.warning("%s", warning)
+    print(f"oracular worker: WARNING: {warning}", file=sys.stderr)
+
+
+def tls_contexts(settings: Settings) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(the API's server context with ORACULAR_API_TLS_CERT/KEY, the forwarding client's
+    context with ORACULAR_API_TLS_CAFILE); None where unset. A file that cannot be loaded
+    stops the worker with one line."""
+    server = client = None
+    try:
+        if settings.api_tls_cert is not None and settings.api_tls_key is not None:
+            server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server.load_cert_chain(settings.api_tls_cert, settings.api_tls_key)
+        if settings.api_tls_cafile is not None:
+            client = ssl.create_default_context(cafile=str(settings.api_tls_cafile))
+    except (OSError, ssl.SSLError) as exc:
+        _refuse(
+            "cannot load the lookup API's TLS files (ORACULAR_API_TLS_CERT, "
+            f"ORACULAR_API_TLS_KEY, ORACULAR_API_TLS_CAFILE): {exc}"
+        )
+    return server, client
+
+
+def allowed_peers(settings: Settings, sock: socket.socket) -> Peers:
+    """ORACULAR_API_PEERS, else loopback, this host's addresses and the brokers' networks."""
+    if settings.api_peers:
+        return Peers.parse(settings.api_peers)  # checked by load_settings
+    hosts = {str(sock.getsockname()[0])}
+    brokers: set[str] = set()
+    for name, into in [(socket.gethostname(), hosts)] + [
+        (URL(f"//{h.split('://')[-1].strip()}").host or "", brokers)
+        for h in settings.broker.split(",")
+        if h.strip()
+    ]:
+        with contextlib.suppress(OSError, UnicodeError):
+            into.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+    hosts -= {"0.0.0.0", "::"}
+    peers = Peers.around(sorted(hosts), sorted(brokers))
+    log.info("lookup API: forwards only to workers in %s (ORACULAR_API_PEERS)", peers.describe())
+    return peers
+
+
+def bind_api(settings: Settings, default_port: int = DEFAULT_PORT) -> socket.socket:
+    """The API's listening socket: ORACULAR_API_HOST:ORACULAR_API_PORT, or `default_port`
+    when the port is unset (a free port when that is taken, said in one line on stderr). A
+    port that cannot be had stops the worker: one line on stderr, exit 69."""
+    port = default_port if settings.api_port is None else settings.api_port
+    try:
+        try:
+            sock = bind(settings.api_host, port)
+        except OSError:
+            if settings.api_port is not None:
+                raise
+            sock = bind(settings.api_host, 0)  # a second worker on this host
+            taken = (
+                f"the lookup API's port {port} on {settings.api_host} is taken (another "
+                f"worker?): serving on port {sock.getsockname()[1]} instead; set "
+                "ORACULAR_API_PORT to choose one"
+            )
+            log.warning("lookup API: %s", taken)
+            print(f"oracular worker: {taken}", file=sys.stderr)
+    except OSError as exc:
+        print(
+            f"oracular worker: cannot serve the lookup API on {settings.api_host}:{port}: "
+            f"{exc.strerror or exc}. Set ORACULAR_API_PORT to a free port (0 picks one) or "
+            "ORACULAR_API_HOST (docs/serving.md).",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_UNAVAILABLE) from exc
+    return sock
 
 
 def install_serving(app: Any, runtime: Any) -> Api:
@@ -867,27 +1161,9 @@ def install_serving(app: Any, runtime: Any) -> Api:
     the worker joins; Faust's own table views stay off.
     """
     settings: Settings = runtime.settings
-    port = DEFAULT_PORT if settings.api_port is None else settings.api_port
-    try:
-        try:
-            sock = bind(settings.api_host, port)
-        except OSError:
-            if settings.api_port is not None:
-                raise
-            sock = bind(settings.api_host, 0)  # a second worker on this host
-            log.warning(
-                "lookup API: port %s is taken, serving on free port %s (set ORACULAR_API_PORT)",
-                port,
-                sock.getsockname()[1],
-            )
-    except OSError as exc:
-        print(
-            f"oracular worker: cannot serve the lookup API on {settings.api_host}:{port}: "
-            f"{exc.strerror or exc}. Set ORACULAR_API_PORT to a free port (0 picks one) or "
-            "ORACULAR_API_HOST (docs/serving.md).",
-            file=sys.stderr,
-        )
-        raise SystemExit(EXIT_UNAVAILABLE) from exc
+    sock = bind_api(settings)
+    check_exposure(settings, sock)
+    server_ssl, client_ssl = tls_contexts(settings)
     url = advertised_url(settings, sock)
     app.conf.canonical_url = url
     app.conf.web_tables_enabled = False  # Faust's raw /table views: never
@@ -901,9 +1177,22 @@ def install_serving(app: Any, runtime: Any) -> Api:
         node,
         token=settings.api_token,
         forward_timeout_s=settings.api_forward_timeout_s,
+        max_skew_ms=settings.max_skew_ms,
+        client_ssl=client_ssl,
+        app_id=settings.app_id,
+        peers=allowed_peers(settings, sock),
+        limits=Limits.from_settings(settings),
         cache=runtime.processor.cache,
     )
-    service = ApiService(app, build_web_app(api), sock, url, node)
+    service = ApiService(
+        app,
+        api,
+        sock,
+        url,
+        node,
+        ssl_context=server_ssl,
+        switch_interval_s=settings.api_switch_interval_ms / 1000,
+    )
     app.add_dependency(service)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NoReturn
@@ -35,6 +36,9 @@ from schemas.config import load_config
 from schemas.ticks import encode_tick
 from streams import faust_patches  # applied on import: every worker runs patched
 from streams.backfill import Backfill
+from streams.cli_common import EXIT_USAGE
+from streams.datadir import DatadirError
+from streams.datadir import prepare as prepare_datadir
 from streams.faults import KillSwitch
 from streams.fencing import Fence, FrozenWhileWriting
 from streams.gapfill import GapFiller, fill_holes
@@ -103,9 +107,13 @@ def create_app(
     With `backfill`, inputs at or past its stop offsets are not applied and `backfill.done`
     is called when the end is reached.
     """
-    settings.state_dir.parent.mkdir(parents=True, exist_ok=True)
     quiet_transient_coordinator_errors()
     topics = settings.topics
+    try:  # private (0700), and this app's: refuse another app's state (streams/datadir.py)
+        prepare_datadir(settings.state_dir, settings.app_id, topics.events.name)
+    except DatadirError as exc:
+        print(f"oracular worker: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from exc
     partitions = topics.events.partitions
     app = faust.App(
         settings.app_id,

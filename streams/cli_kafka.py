@@ -834,6 +834,8 @@ def run_query(args: argparse.Namespace) -> int:
             stale=args.stale,
             at=args.at,
             token=settings.api_token,
+            cafile=settings.api_tls_cafile,
+            app_id=settings.app_id,
         )
     except QueryError as exc:
         print(f"oracular query: {exc.message}", file=sys.stderr)

@@ -7,16 +7,18 @@ are the other commands' (streams/cli_common.py): 69 when no worker's API answers
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
-from streams.settings import DEFAULT_API_PORT, Settings
+from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,8 @@ def default_url(settings: Settings) -> str:
     host = settings.api_host
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"http://{host}:{port}"
+    scheme = "https" if settings.api_tls_cert is not None else "http"
+    return f"{scheme}://{host}:{port}"
 
 
 def lookup(
@@ -47,12 +50,15 @@ def lookup(
     stale: bool = False,
     at: int | None = None,
     token: str | None = None,
+    cafile: Path | None = None,
+    app_id: str | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """GET /v1/users/{user}[/intents/{intent}] and return the JSON answer.
 
     Raises:
-        QueryError: the API refused (its error message) or could not be reached.
+        QueryError: the API refused (its error message), could not be reached, or is another
+            app's than `app_id` (its answers' X-Oracular-App header).
     """
     if user in (".", ".."):  # HTTP drops such path segments: the request would miss the user
         msg = f"user id {user!r} cannot be named in a URL path; ask POST /v1/lookup for it"
@@ -69,10 +75,13 @@ def lookup(
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
+            _check_app(full, response.headers.get(APP_HEADER), app_id)
             body: dict[str, Any] = json.loads(response.read())
             return body
     except urllib.error.HTTPError as exc:
+        _check_app(full, exc.headers.get(APP_HEADER), app_id)
         try:
             detail = json.loads(exc.read()).get("error", exc.reason)
         except (ValueError, AttributeError):
@@ -92,6 +101,19 @@ def lookup(
             "Pass --url or set ORACULAR_API_URL"
         )
         raise QueryError(msg, EXIT_UNAVAILABLE) from exc
+
+
+def _check_app(url: str, answered: str | None, app_id: str | None) -> None:
+    """QueryError when the worker that answered is another app's (or says none)."""
+    if app_id is None or answered == app_id:
+        return
+    who = f"app {answered!r}" if answered else "a server that names no app"
+    msg = (
+        f"{url}: answered by {who}, not app {app_id!r} (ORACULAR_APP_ID): another app's worker "
+        "has this address; pass --url (or set ORACULAR_API_URL / ORACULAR_API_PORT) to your "
+        "app's worker, or set ORACULAR_APP_ID to the app you mean"
+    )
+    raise QueryError(msg, EXIT_UNAVAILABLE)
 
 
 def _time(ms: int | None) -> str:
@@ -116,7 +138,10 @@ def render(body: dict[str, Any], out: TextIO) -> None:
         + (f"offset {position['offset']}" if position["offset"] is not None else "(no input yet)"),
         file=out,
     )
-    print(f"  served by {served['worker']} ({served['role']}), config {body['config']}", file=out)
+    app = f"app {body['app']}, " if "app" in body else ""
+    print(
+        f"  served by {served['worker']} ({served['role']}), {app}config {body['config']}", file=out
+    )
     print(file=out)
     rows = [("intent", "p", "lower", "reveal", "suppressed until")]
     for name, item in body["intents"].items():

@@ -2,8 +2,9 @@
 
 Deletes the app id's internal topics (its state changelog and Faust's internal topics, all
 named `<app id>-...`), its consumer group (and so its committed offsets) and its local state
-directory. Refuses while the group has active members: stop the workers first. The input and
-output topics are not touched.
+directory, the marker naming the app (streams/datadir.py) with it; a datadir whose marker names
+another app is refused. Refuses while the group has active members: stop the workers first.
+The input and output topics are not touched.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from streams.admin import BrokerError, quiet_aiokafka
+from streams.datadir import DatadirError, check_owner
 
 GROUP_ID_NOT_FOUND = 69  # Kafka error codes
 GROUP_NOT_EMPTY = 68
@@ -66,6 +68,11 @@ async def plan_reset(
     group = described.groups[0]
     error_code, state, members = group[0], group[2], group[5]
     known = error_code == 0 and state not in ("Dead", "")
+    if datadir.exists():
+        try:
+            check_owner(datadir, app_id)  # never another app's state
+        except DatadirError as exc:
+            raise BrokerError(str(exc)) from exc
     return ResetPlan(
         app_id,
         topics,

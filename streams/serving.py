@@ -15,7 +15,9 @@ synchronous and testable without a broker:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -84,6 +86,11 @@ def check_user(user: object) -> str:
         raise ApiError(400, "a user id must be a non-empty string")
     if len(user) > MAX_USER_CHARS:
         raise ApiError(400, f"a user id is at most {MAX_USER_CHARS} characters ({len(user)})")
+    try:
+        user.encode("utf-8")  # the record key; a lone surrogate (JSON "\ud800") has none
+    except UnicodeEncodeError as exc:
+        msg = f"a user id must be valid Unicode text (a lone surrogate at {exc.start})"
+        raise ApiError(400, msg) from exc
     return user
 
 
@@ -118,6 +125,10 @@ def parse_bool(raw: str | None, name: str) -> bool:
     raise ApiError(400, f"?{name}= must be true or false (got {raw[:32]!r})")
 
 
+_EPOCH_MS: Final = re.compile(r"-?[0-9]{1,19}")
+"""ASCII digits only: `str.isdigit` and `int` also take "²" and full-width digits."""
+
+
 def parse_at(raw: object, now_ms: int) -> int:
     """The read time: `?at=` epoch milliseconds, else now."""
     if raw is None:
@@ -126,7 +137,7 @@ def parse_at(raw: object, now_ms: int) -> int:
         raise ApiError(400, "at must be epoch milliseconds (an integer)")
     if isinstance(raw, int):
         at = raw
-    elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit() and len(raw) < 20:
+    elif isinstance(raw, str) and _EPOCH_MS.fullmatch(raw):
         at = int(raw)
     else:
         raise ApiError(400, f"at must be epoch milliseconds (got {str(raw)[:32]!r})")
@@ -134,6 +145,31 @@ def parse_at(raw: object, now_ms: int) -> int:
         msg = f"at must be epoch milliseconds from {MIN_TIME_MS} to {MAX_TIME_MS} (got {at})"
         raise ApiError(400, msg)
     return at
+
+
+MAX_JSON_DEPTH: Final = 32
+"""Deepest nesting of arrays and objects a request body may have (a batch needs 3)."""
+
+
+_STRINGS: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS: Final = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON: UTF-8, nested at most MAX_JSON_DEPTH deep, else 400."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the body is not UTF-8 (byte {exc.start})") from exc
+    depth = 0
+    for char in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):  # json.loads recurses per level
+        depth += 1 if char in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"the body is not JSON: {str(exc)[:200]}") from exc
 
 
 def batch_body(at: int, counts: Mapping[str, int], results: list[Any]) -> dict[str, Any]:
@@ -196,15 +232,12 @@ class BatchRequest:
         }
 
 
-def parse_batch(body: bytes, config: EngineConfig) -> BatchRequest:
+def parse_batch(body: bytes, config: EngineConfig, max_bytes: int = MAX_BODY_BYTES) -> BatchRequest:
     """Validate a batch body: `{"users": ["u1", {"user": "u2", "intents": [...]}], "at"?,
     "explain"?, "stale"?}`, at most MAX_BATCH users."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    if len(body) > max_bytes:
+        raise ApiError(413, f"the body is {len(body)} bytes; the limit is {max_bytes}")
+    obj = parse_json(body)
     if not isinstance(obj, dict):
         raise ApiError(400, 'the body must be a JSON object: {"users": [...]}')
     unknown = sorted(set(obj) - {"users", "at", "explain", "stale"})
@@ -243,14 +276,15 @@ def _batch_item(n: int, entry: object, config: EngineConfig) -> BatchItem:
         raise ApiError(exc.status, f"users[{n}]: {exc.message}", **exc.extra) from exc
 
 
-def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, int]:
-    """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`."""
+def parse_reveal(
+    body: bytes, config: EngineConfig, now_ms: int, max_skew_ms: int = 60_000
+) -> tuple[str, int]:
+    """(intent, ts) of a `POST /v1/users/{user}/revealed` body `{"intent": ..., "ts"?}`: one
+    declared intent; `ts` no further ahead of `now_ms` than `max_skew_ms` (a reveal dated in
+    the future would move the user's state there for good)."""
     if len(body) > 4096:
         raise ApiError(413, f"the body is {len(body)} bytes; the limit is 4096")
-    try:
-        obj = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}") from exc
+    obj = parse_json(body or b"null")
     if not isinstance(obj, dict) or "intent" not in obj:
         raise ApiError(400, 'the body must be {"intent": "<declared intent>"} (ts optional)')
     unknown = sorted(set(obj) - {"intent", "ts"})
@@ -259,7 +293,14 @@ def parse_reveal(body: bytes, config: EngineConfig, now_ms: int) -> tuple[str, i
     intents = check_intents(config, obj["intent"])
     if not isinstance(obj["intent"], str) or not intents:
         raise ApiError(400, "intent must be one declared intent name")
-    return intents[0], parse_at(obj.get("ts"), now_ms)
+    ts = parse_at(obj.get("ts"), now_ms)
+    if ts > now_ms + max_skew_ms:
+        msg = (
+            f"ts {ts} is {ts - now_ms} ms ahead of this worker's clock; a reveal may be at most "
+            f"ORACULAR_MAX_SKEW_MS ({max_skew_ms} ms) ahead"
+        )
+        raise ApiError(400, msg, max_skew_ms=max_skew_ms)
+    return intents[0], ts
 
 
 # --- routing ------------------------------------------------------------------------------
@@ -349,8 +390,10 @@ def answer(
     with_explain: bool,
     served_by: Mapping[str, Any],
     config_id: str,
+    app_id: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON answer for one user: predictions at `at`, where they came from."""
+    """The JSON answer for one user: predictions at `at`, where they came from (the app id,
+    the config's hash, the worker)."""
     state = read.state
     names = list(state.config.intents) if intents is None else list(intents)
     at = clamp_time(state, at)  # time never runs backwards in a state
@@ -374,6 +417,7 @@ def answer(
         "as_of": state.clock,
         "position": {"partition": read.partition, "offset": read.last_offset},
         "served_by": dict(served_by),
+        **({} if app_id is None else {"app": app_id}),
         "config": config_id,
         "intents": out,
     }
@@ -401,3 +445,125 @@ def explanation(state: EngineState, intent: str, at: int) -> dict[str, Any]:
             for name, s in found.signals.items()
         },
     }
+
+
+# --- forwards -----------------------------------------------------------------------------
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK: Final[tuple[Network, ...]] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """Where a worker forwards lookups: the other workers' URLs that Faust's group shares are
+    taken only if their host is a name listed here or all its addresses are in a network
+    listed here (`ORACULAR_API_PEERS`; docs/serving.md "Forwards")."""
+
+    networks: tuple[Network, ...] = LOOPBACK
+    names: frozenset[str] = frozenset()
+    anywhere: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Peers:
+        """`*`, or a comma-separated list of host names, addresses and CIDR networks.
+
+        Raises:
+            ValueError: an entry that is none of those (the message names it).
+        """
+        networks: list[Network] = []
+        names: set[str] = set()
+        for raw in text.split(","):
+            entry = raw.strip().lower()
+            if entry == "*":
+                return cls((), frozenset(), anywhere=True)
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(entry):
+                msg = f"{raw.strip()!r} is not a host name, an address or a CIDR network"
+                raise ValueError(msg)
+            names.add(entry.rstrip("."))
+        if not networks and not names:
+            msg = "lists no peer (use * for any)"
+            raise ValueError(msg)
+        return cls(tuple(networks), frozenset(names))
+
+    @classmethod
+    def around(cls, hosts: Iterable[str], brokers: Iterable[str]) -> Peers:
+        """The default: loopback, the addresses in `hosts` (this host's), and the networks
+        of the brokers' addresses (/24 for IPv4, /64 for IPv6)."""
+        networks: list[Network] = list(LOOPBACK)
+        for address in hosts:
+            networks.append(ipaddress.ip_network(address.split("%", 1)[0]))
+        for address in brokers:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+            prefix = 24 if ip.version == 4 else 64
+            networks.append(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+        return cls(tuple(dict.fromkeys(networks)))
+
+    def allows(self, host: str, addresses: Iterable[str]) -> bool:
+        """May a forward go to `host`, which resolves to `addresses`? By name, or every
+        address inside the listed networks (a name with one address outside is refused)."""
+        if self.anywhere or host.lower().rstrip(".") in self.names:
+            return True
+        ips = [ipaddress.ip_address(a.split("%", 1)[0]) for a in addresses]
+        return bool(ips) and all(any(ip in net for net in self.networks) for ip in ips)
+
+    def describe(self) -> str:
+        if self.anywhere:
+            return "*"
+        return ", ".join([*map(str, self.networks), *sorted(self.names)])
+
+
+_HOST_NAME: Final = re.compile(r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.?)+")
+
+
+class PeerAnswerError(ValueError):
+    """Another worker's answer is not what was asked for (the message says how)."""
+
+
+def check_peer_answer(payload: bytes, user: str, partition: int) -> dict[str, Any]:
+    """Another worker's 200 answer for `user`: a JSON lookup answer for that user on that
+    partition, else PeerAnswerError."""
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        msg = "not JSON"
+        raise PeerAnswerError(msg) from exc
+    if not isinstance(body, dict) or not isinstance(body.get("intents"), dict):
+        msg = "not a lookup answer (no intents)"
+        raise PeerAnswerError(msg)
+    if body.get("user") != user:
+        msg = f"an answer for another user ({str(body.get('user'))[:64]!r})"
+        raise PeerAnswerError(msg)
+    position = body.get("position")
+    if not isinstance(position, dict) or position.get("partition") != partition:
+        msg = f"an answer from another partition than {partition}"
+        raise PeerAnswerError(msg)
+    return body
+
+
+def check_peer_batch(payload: bytes, users: Sequence[str]) -> list[dict[str, Any]]:
+    """Another worker's 200 batch answer for `users`, in order: its results, else
+    PeerAnswerError."""
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        msg = "not JSON"
+        raise PeerAnswerError(msg) from exc
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list) or len(results) != len(users):
+        msg = f"not a batch answer for {len(users)} users"
+        raise PeerAnswerError(msg)
+    for n, (result, user) in enumerate(zip(results, users, strict=True)):
+        if not isinstance(result, dict) or result.get("user") != user:
+            msg = f"results[{n}] is not an answer for user {user[:64]!r}"
+            raise PeerAnswerError(msg)
+    return results

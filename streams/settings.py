@@ -31,6 +31,8 @@ DEFAULT_BROKER: Final = "127.0.0.1:9092"
 DEFAULT_APP_ID: Final = "oracular"
 DEFAULT_API_PORT: Final = 6067
 """The lookup API's port when ORACULAR_API_PORT is unset (a free one if it is taken)."""
+APP_HEADER: Final = "X-Oracular-App"
+"""The lookup API's header on every answer: the answering worker's app id (ORACULAR_APP_ID)."""
 
 # RocksDB's defaults are per partition DB (64 MiB write buffer x 3 and a 2 GiB block cache):
 # with 8 partitions that is GiBs. These bound one worker's table to ~100 MiB per partition.
@@ -39,6 +41,17 @@ ROCKSDB_OPTIONS: Final = {
     "max_write_buffer_number": 2,
     "block_cache_size": 32 << 20,
 }
+
+
+def open_file_limit() -> int:
+    """The process's soft limit on open files (`ulimit -n`; 1024 where it cannot be read)."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return soft if 0 < soft < 1 << 30 else 1 << 20
 
 
 class SettingsError(ValueError):
@@ -96,7 +109,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "Faust app id: consumer group and prefix of its internal (changelog) topics",
             "--app-id"),
     Setting("datadir", "ORACULAR_DATADIR", Path, None,
-            "RocksDB and Faust state; one per worker", "--datadir",
+            "RocksDB and Faust state; one per worker, created 0700, refused if another app's "
+            "(its marker file)", "--datadir",
             shown="var/faust/<app id>"),
     Setting("partitions", "ORACULAR_PARTITIONS", int, 8,
             "partitions of every product topic and of the state table", "--partitions"),
@@ -188,10 +202,51 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "the URL other workers forward lookups to (set it behind NAT or in containers)",
             "--api-url", shown="http://<host>:<port>"),
     Setting("api_token", "ORACULAR_API_TOKEN", str, None,
-            "bearer token required by every API endpoint but /livez (never logged)",
+            "bearer token required by every API endpoint but /livez (never logged); set but "
+            "empty is an error. Required to bind a non-loopback address (docs/serving.md)",
             secret=True),
+    Setting("api_token_file", "ORACULAR_API_TOKEN_FILE", Path, None,
+            "a file holding the token instead (read once at start; surrounding whitespace "
+            "ignored)"),
+    Setting("api_allow_no_token", "ORACULAR_API_ALLOW_NO_TOKEN", bool, False,
+            "true: serve a non-loopback ORACULAR_API_HOST without a token (anyone who can reach "
+            "it reads predictions and posts reveals; warned at every start)", shown="false"),
+    Setting("api_tls_cert", "ORACULAR_API_TLS_CERT", Path, None,
+            "serve the API over TLS with this PEM certificate (chain); with ORACULAR_API_TLS_KEY"),
+    Setting("api_tls_key", "ORACULAR_API_TLS_KEY", Path, None,
+            "the TLS certificate's PEM private key (never logged)"),
+    Setting("api_tls_cafile", "ORACULAR_API_TLS_CAFILE", Path, None,
+            "CA bundle that verifies the other workers' API certificates when forwarding, and "
+            "the worker's for `oracular query` (unset: the system's)"),
     Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
             "a lookup forwarded to the owning worker gives up after this (504)"),
+    Setting("api_peers", "ORACULAR_API_PEERS", str, None,
+            "the workers lookups may be forwarded to: comma-separated host names, addresses "
+            "and CIDR networks, or `*` for any; a worker the group advertises elsewhere gets "
+            "no forward (502; docs/serving.md)",
+            shown="loopback, this host's addresses and the brokers' /24 (IPv6: /64) networks"),
+    Setting("api_header_timeout_s", "ORACULAR_API_HEADER_TIMEOUT_S", float, 10.0,
+            "a new API connection whose request line and headers have not all arrived this "
+            "long after it opened is closed (slow or silent clients)"),
+    Setting("api_body_timeout_s", "ORACULAR_API_BODY_TIMEOUT_S", float, 10.0,
+            "a request body not complete this long after its headers: 408, connection closed; "
+            "an answer its client has not taken this long after it was ready: closed"),
+    Setting("api_keepalive_s", "ORACULAR_API_KEEPALIVE_S", float, 15.0,
+            "an idle keep-alive connection is closed after this (the next request's headers "
+            "must have arrived by then)"),
+    Setting("api_max_requests_per_connection", "ORACULAR_API_MAX_REQUESTS_PER_CONNECTION", int,
+            1000, "the answer to a connection's Nth request closes it (`Connection: close`)"),
+    Setting("api_max_connections", "ORACULAR_API_MAX_CONNECTIONS", int, None,
+            "open API connections at most; at the cap a new one closes the least recently "
+            "active connection idle for 0.5 s, or gets a 503 (as many refused ones linger "
+            "0.25 s at most). At most a quarter of the open-file limit (`ulimit -n`), so the "
+            "API holds about half of it at most: the rest is RocksDB's and Kafka's",
+            shown="the smaller of 1000 and a quarter of the open-file limit"),
+    Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
+            "largest request body; a larger one, declared or sent, is a 413 before it is read"),
+    Setting("api_switch_interval_ms", "ORACULAR_API_SWITCH_INTERVAL_MS", float, 5.0,
+            "the interpreter's thread switch interval (`sys.setswitchinterval`): how long the "
+            "worker's thread keeps the GIL while the API's thread waits for it (BENCHMARKS.md)"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -252,13 +307,34 @@ class Settings:
     api_port: int | None = _default("api_port")
     api_url: str | None = _default("api_url")
     api_token: str | None = field(default=_default("api_token"), repr=False)
+    api_token_file: Path | None = _default("api_token_file")  # noqa: RUF009
+    api_allow_no_token: bool = _default("api_allow_no_token")
+    api_tls_cert: Path | None = _default("api_tls_cert")  # noqa: RUF009
+    api_tls_key: Path | None = _default("api_tls_key")  # noqa: RUF009
+    api_tls_cafile: Path | None = _default("api_tls_cafile")  # noqa: RUF009
     api_forward_timeout_s: float = _default("api_forward_timeout_s")
+    api_peers: str | None = _default("api_peers")
+    api_header_timeout_s: float = _default("api_header_timeout_s")
+    api_body_timeout_s: float = _default("api_body_timeout_s")
+    api_keepalive_s: float = _default("api_keepalive_s")
+    api_max_requests_per_connection: int = _default("api_max_requests_per_connection")
+    api_max_connections: int | None = _default("api_max_connections")
+    api_max_body_bytes: int = _default("api_max_body_bytes")
+    api_switch_interval_ms: float = _default("api_switch_interval_ms")
     ready_max_lag: int = _default("ready_max_lag")
 
     @property
     def state_dir(self) -> Path:
         """The datadir, defaulting to var/faust/<app id>."""
         return self.datadir if self.datadir is not None else Path("var") / "faust" / self.app_id
+
+    @property
+    def api_connections(self) -> int:
+        """The cap on open API connections: ORACULAR_API_MAX_CONNECTIONS, else the smaller of
+        1000 and a quarter of the open-file limit."""
+        if self.api_max_connections is not None:
+            return self.api_max_connections
+        return max(1, min(1000, open_file_limit() // 4))
 
     @property
     def broker_url(self) -> str:
@@ -330,6 +406,11 @@ def load_settings(
             "ORACULAR_GRACE_MS: replaced by ORACULAR_LATENESS_MS, ORACULAR_IDLE_MS and "
             "ORACULAR_MAX_SKEW_MS (docs/time.md explains the watermark); unset it"
         )
+    if "ORACULAR_API_TOKEN" in env and not env["ORACULAR_API_TOKEN"].strip():
+        problems.append(
+            "ORACULAR_API_TOKEN: set but empty; set a token (or ORACULAR_API_TOKEN_FILE), or "
+            "unset it to serve without one (loopback only)"
+        )
     for row in SETTINGS:
         text = env.get(row.env)
         if text:
@@ -343,11 +424,12 @@ def load_settings(
     for name, (text, where) in given.items():
         kind = BY_NAME[name].kind
         try:
-            values[name] = kind(text)
+            values[name] = _read(kind, text)
         except ValueError:
-            what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
-            problems.append(f"{where}={text!r}: must be {what}")
+            what = {int: "a whole number", float: "a number", bool: "true or false"}
+            problems.append(f"{where}={text!r}: must be {what.get(kind, kind.__name__)}")
     where_from = {name: where for name, (_, where) in given.items()}
+    problems += _read_token_file(values, where_from)
     topic_inputs = {name: values.pop(name, _default(name)) for name in _TOPIC_INPUTS}
     if topic_inputs["partitions"] < 1:
         problems.append(
@@ -371,6 +453,37 @@ def load_settings(
     if problems:
         raise SettingsError("\n".join(problems))
     return settings
+
+
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+
+def _read(kind: type, text: str) -> Any:
+    """A variable's or flag's text as `kind` (ValueError when it is not one)."""
+    if kind is bool:
+        if text.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(text)
+        return text.strip().lower() in _TRUE
+    return kind(text)
+
+
+def _read_token_file(values: dict[str, Any], where_from: Mapping[str, str]) -> list[str]:
+    """ORACULAR_API_TOKEN_FILE's token into values["api_token"] (read here, once: at start)."""
+    path = values.get("api_token_file")
+    if path is None:
+        return []
+    where = where_from.get("api_token_file", "ORACULAR_API_TOKEN_FILE")
+    if values.get("api_token"):
+        return [f"{where}: ORACULAR_API_TOKEN is set too; set one of them"]
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{where}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}"]
+    if not token:
+        return [f"{where}: {path} is empty; write the token in it"]
+    values["api_token"] = token
+    return []
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -398,6 +511,12 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "session_timeout_s",
         "commit_interval_s",
         "api_forward_timeout_s",
+        "api_header_timeout_s",
+        "api_body_timeout_s",
+        "api_keepalive_s",
+        "api_max_requests_per_connection",
+        "api_max_body_bytes",
+        "api_switch_interval_ms",
     )
     for name in positive:
         if getattr(settings, name) <= 0:
@@ -432,6 +551,32 @@ def _check(settings: Settings, label: Any) -> list[str]:
         port = getattr(settings, name)
         if port is not None and not 0 <= port <= 65535:
             problems.append(f"{label(name)}: must be 0-65535 (got {port})")
+    return problems + _check_api(settings, label)
+
+
+def _check_api(settings: Settings, label: Any) -> list[str]:
+    """The lookup API's settings (`_check`)."""
+    problems = []
+    connections = settings.api_max_connections
+    if connections is not None and not 1 <= connections <= open_file_limit() // 4:
+        problems.append(
+            f"{label('api_max_connections')}: must be 1 to {open_file_limit() // 4}, a quarter "
+            f"of the open-file limit ({open_file_limit()}; refused connections linger as many "
+            f"more, the rest is RocksDB's and Kafka's) (got {connections})"
+        )
+    token = settings.api_token
+    if token and token.strip() and (not token.isprintable() or any(c.isspace() for c in token)):
+        where = label("api_token_file") if settings.api_token_file else label("api_token")
+        problems.append(f"{where}: the token must be printable, without spaces")
+    if settings.api_peers is not None:
+        from streams.serving import Peers  # noqa: PLC0415 - the engine, only when it is set
+
+        try:
+            Peers.parse(settings.api_peers)
+        except ValueError as exc:
+            problems.append(f"{label('api_peers')}: {exc}")
+    if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
+        problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
     if not settings.api_host.strip():
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):

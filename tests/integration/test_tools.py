@@ -19,6 +19,7 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from streams.admin import ensure_topics_async
 from streams.app import TIMER_CLOSES_PER_BATCH
+from streams.datadir import MARKER
 from streams.topics import product_topics
 from tests.cli import run_oracular
 
@@ -201,7 +202,7 @@ def test_reset_dry_run_then_delete(kafka, name, tmp_path):
     done = _oracular(env, "backfill", "--config", str(CONFIG), "--app-id", app_id)
     assert done.returncode == 0, done.stderr[-3000:]
     datadir = tmp_path / "state"
-    assert datadir.is_dir()
+    assert datadir.is_dir() and (datadir / MARKER).is_file()  # the app's marker (datadir.py)
     dry = _oracular(env, "reset", app_id, "--datadir", str(datadir), "--dry-run", timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert f"topic          {app_id}-oracular-state-changelog" in dry.stdout

@@ -31,7 +31,8 @@ from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams import api as api_module
-from streams.api import Api, build_web_app
+from streams.api import Api, bind, build_web_app
+from streams.front import Guard, Limits, serve
 from streams.metrics import Family, monitor_families, render
 from streams.processor import StateCache
 from streams.serving import (
@@ -48,6 +49,10 @@ from streams.serving import (
     partition_for,
     route,
 )
+from streams.serving import (
+    batch_body as serving_batch_body,
+)
+from streams.settings import APP_HEADER
 from tests.streams.test_cli_replay import CONFIG
 
 PARTITIONS = 4
@@ -206,22 +211,50 @@ class FakeNode:
 
 
 @dataclass
+class Served:
+    """An API served as the worker serves it (`streams.front.serve`: guarded connections)."""
+
+    runner: web.AppRunner
+    guard: Guard
+    url: str
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve_api(api: Api, *, ssl_context: Any = None) -> Served:
+    sock = bind("127.0.0.1", 0)
+    runner, guard = await serve(
+        build_web_app(api), sock, api.limits, ssl_context=ssl_context, app_id=api.app_id
+    )
+    api.guard = guard
+    scheme = "https" if ssl_context is not None else "http"
+    return Served(runner, guard, f"{scheme}://127.0.0.1:{sock.getsockname()[1]}")
+
+
+@dataclass
 class Worker:
     node: FakeNode
     api: Api
-    server: TestServer
+    server: Served
 
     @property
     def url(self) -> str:
         return self.node.me
 
 
-async def start_worker(config: Any, *, token: str | None = None, timeout_s: float = 2.0) -> Worker:
+async def start_worker(
+    config: Any,
+    *,
+    token: str | None = None,
+    timeout_s: float = 2.0,
+    limits: Limits | None = None,
+    **options: Any,
+) -> Worker:
     node = FakeNode(config)
-    api = Api(node, token=token, forward_timeout_s=timeout_s)
-    server = TestServer(build_web_app(api), host="127.0.0.1")
-    await server.start_server()
-    node.me = str(server.make_url("")).rstrip("/")
+    api = Api(node, token=token, forward_timeout_s=timeout_s, limits=limits or Limits(), **options)
+    server = await serve_api(api)
+    node.me = server.url
     return Worker(node, api, server)
 
 
@@ -646,7 +679,7 @@ async def test_an_unreadable_stored_state_is_a_500_for_that_user_only(pair, http
     broken, fine = user_on(0, "broken"), user_on(0, "fine")
     a.node.tables.setdefault(0, {})[broken.encode()] = b"\xc1 not msgpack"
     status, body, _ = await get(http, f"{a.url}/v1/users/{broken}")
-    assert status == 500 and "cannot be read" in body["error"], body
+    assert status == 500 and body == {"error": "internal error", "status": 500, "id": body["id"]}
     async with http.post(f"{a.url}/v1/lookup", json={"users": [broken, fine]}) as response:
         assert response.status == 200
         results = (await response.json())["results"]
@@ -878,16 +911,17 @@ async def test_standby_and_settling_reads_never_use_the_cache(pair, http, config
 async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
     pair, http, config, monkeypatch
 ) -> None:
-    """Through A, a batch of B's users gets B's answer byte for byte (A does not decode and
-    encode it again), with the same counts in A's metrics as when A decoded it."""
+    """Through A, a batch of B's users gets B's answer byte for byte (A checks it is an answer
+    for those users, and does not encode it again), with the same counts in A's metrics as
+    when A merged it."""
     a, b = pair
-    decoded_by_api = []
+    encoded_by_api = []
 
-    def loads(raw: Any) -> Any:
-        decoded_by_api.append(len(raw))
-        return json.loads(raw)
+    def batch_body(*args: Any) -> Any:
+        encoded_by_api.append(args)
+        return serving_batch_body(*args)
 
-    monkeypatch.setattr(api_module, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    monkeypatch.setattr(api_module, "batch_body", batch_body)
     users = [user_on(2 + n % 2, f"whole-{n}") for n in range(40)]
     for user in users[::2]:
         store(b, config, user, some_events(user))
@@ -905,12 +939,12 @@ async def test_a_batch_all_on_the_other_worker_is_its_answer_passed_on(
     assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "found"))] == 20
     assert a.api.metrics.lookups[(("endpoint", "batch"), ("status", "unknown"))] == 20
     assert dict(a.api.metrics.forwards) == {(("outcome", "200"),): 1}
-    assert decoded_by_api == []  # B's answer passed on undecoded
+    assert len(encoded_by_api) == 2  # B's answers (asked, forwarded); A passed it on as it is
     mixed = {"users": [users[0], user_on(0, "mine")], "at": TS + MIN}
     async with http.post(f"{a.url}/v1/lookup", json=mixed) as response:
         assert response.status == 200
         assert [r["user"] for r in (await response.json())["results"]] == mixed["users"]
-    assert len(decoded_by_api) == 1  # not all on B: B's part decoded and merged
+    assert len(encoded_by_api) == 4  # not all on B: B's part, merged by A and encoded
 
 
 def test_batch_counts_reads_only_a_head_that_adds_up() -> None:
@@ -943,7 +977,8 @@ async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None
         seen.append(asked)
         results = [{"user": u["user"], "status": "found", "p": 0.5} for u in asked["users"]]
         return web.json_response(
-            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]}
+            {"results": results, "counts": {"found": len(results)}, "at": asked["at"]},
+            headers={APP_HEADER: "oracular"},
         )
 
     owner.router.add_post("/v1/lookup", lookup)

@@ -1,0 +1,70 @@
+"""streams/datadir.py: a datadir is private (0700) and tied to its app by a marker."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from schemas.config import load_config
+from streams.datadir import MARKER, DatadirError, check_owner, prepare, read_owner
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_datadir_is_private_and_marked(tmp_path: Path) -> None:
+    datadir = tmp_path / "var" / "faust" / "a"
+    prepare(datadir, "a", "a.events")
+    assert mode(datadir) == 0o700 and mode(datadir / MARKER) == 0o600
+    assert json.loads((datadir / MARKER).read_text()) == {"app_id": "a", "events_topic": "a.events"}
+    prepare(datadir, "a", "a.events")  # its own app again: fine
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    (open_dir / "000012.sst").write_bytes(b"state")  # an unmarked datadir of an older version
+    prepare(open_dir, "a", "a.events")
+    assert mode(open_dir) == 0o700 and read_owner(open_dir) == {
+        "app_id": "a",
+        "events_topic": "a.events",
+    }
+
+
+@pytest.mark.parametrize(("app_id", "topic"), [("b", "a.events"), ("a", "b.events")])
+def test_another_apps_datadir_is_refused_in_one_line(
+    tmp_path: Path, app_id: str, topic: str
+) -> None:
+    prepare(tmp_path / "d", "a", "a.events")
+    with pytest.raises(DatadirError) as caught:
+        prepare(tmp_path / "d", app_id, topic)
+    [line] = str(caught.value).splitlines()
+    assert "holds the state of app 'a'" in line and "ORACULAR_DATADIR" in line
+    assert "oracular reset a" in line
+    with pytest.raises(DatadirError):
+        check_owner(tmp_path / "d", "b")
+    check_owner(tmp_path / "d", "a")
+    check_owner(tmp_path / "unmarked", "b")
+
+
+def test_the_worker_refuses_another_apps_datadir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streams.app import create_app
+    from streams.settings import settings_from_env
+
+    config = load_config("examples/oracular.yaml")
+    datadir = str(tmp_path / "state")
+    env = {"ORACULAR_DATADIR": datadir, "ORACULAR_API_PORT": "0"}  # 6067 may be taken
+    settings = settings_from_env({**env, "ORACULAR_APP_ID": "app-b"})
+    create_app(settings, config)
+    assert read_owner(tmp_path / "state") == {"app_id": "app-b", "events_topic": "oracular.events"}
+    assert mode(tmp_path / "state") == 0o700
+    other = settings_from_env({**env, "ORACULAR_APP_ID": "app-a"})
+    with pytest.raises(SystemExit) as caught:
+        create_app(other, config)
+    assert caught.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    [line] = lines
+    assert line.startswith("oracular worker: the datadir") and "'app-b'" in line
