@@ -56,6 +56,7 @@ from streams.cli_common import EXIT_USAGE
 from streams.front import Guard, GuardedHandler, Limits, internal_error, serve
 from streams.metrics import (
     CONTENT_TYPE,
+    OPENMETRICS_CONTENT_TYPE,
     Family,
     Metrics,
     monitor_families,
@@ -395,8 +396,14 @@ class _Handlers:
                 1, (("config", self.config_id),)
             )
         )
+        # Prometheus asks for OpenMetrics in its Accept header; other scrapers get the text
+        # format every Prometheus-compatible reader takes.
+        openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+        kind = OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE
         return web.Response(
-            text=render(families), headers={"Content-Type": CONTENT_TYPE}, charset=None
+            text=render(families, openmetrics=openmetrics),
+            headers={"Content-Type": kind},
+            charset=None,
         )
 
     async def routing(self, request: web.Request) -> web.Response:

@@ -508,6 +508,22 @@ async def test_reveal_appends_a_command_keyed_by_user(pair, http, config) -> Non
     assert len(a.node.appended) == 1
 
 
+async def test_metrics_answer_openmetrics_when_the_scraper_asks(pair, http) -> None:
+    """Prometheus sends `Accept: application/openmetrics-text;...`: it gets OpenMetrics (with
+    its `# EOF`), and everyone else the plain text format."""
+    a, _ = pair
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    async with http.get(f"{a.url}/metrics", headers={"Accept": accept}) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = await response.text()
+    assert text.rstrip().endswith("# EOF")
+    assert "# TYPE oracular_inputs counter" in text  # OpenMetrics names the family sans _total
+    async with http.get(f"{a.url}/metrics") as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert "# EOF" not in await response.text()
+
+
 async def test_metrics_are_prometheus_text(pair, http, config) -> None:
     a, _ = pair
     a.node.counters.update(
