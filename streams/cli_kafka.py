@@ -838,8 +838,7 @@ def run_query(args: argparse.Namespace) -> int:
             app_id=settings.app_id,
         )
     except QueryError as exc:
-        print(f"oracular query: {exc.message}", file=sys.stderr)
-        return exc.code
+        return fail("query", exc.what, exc.todo, exc.code)
     if args.json:
         print(json.dumps(body, indent=2))
     else:

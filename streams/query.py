@@ -23,9 +23,11 @@ from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
 
 @dataclass(frozen=True)
 class QueryError(Exception):
-    """The lookup failed: what to print and the exit code."""
+    """The lookup failed: what went wrong, what to do, and the exit code (the CLI prints
+    them in the product's one error style)."""
 
-    message: str
+    what: str
+    todo: str
     code: int
 
 
@@ -61,8 +63,8 @@ def lookup(
             app's than `app_id` (its answers' X-Oracular-App header).
     """
     if user in (".", ".."):  # HTTP drops such path segments: the request would miss the user
-        msg = f"user id {user!r} cannot be named in a URL path; ask POST /v1/lookup for it"
-        raise QueryError(msg, EXIT_USAGE)
+        what = f"user id {user!r} cannot be named in a URL path"
+        raise QueryError(what, "ask POST /v1/lookup for it", EXIT_USAGE)
     path = "/v1/users/" + urllib.parse.quote(user, safe="")
     if intent is not None:
         path += "/intents/" + urllib.parse.quote(intent, safe="")
@@ -87,20 +89,20 @@ def lookup(
         except (ValueError, AttributeError):
             detail = exc.reason
         code = EXIT_UNAVAILABLE if exc.code in (502, 503, 504) else EXIT_USAGE
-        hint = ""
+        todo = "check the user, the intent and --at"
         if exc.code == 401:
-            hint = " (set ORACULAR_API_TOKEN to the workers' token)"
+            todo = "set ORACULAR_API_TOKEN (or ORACULAR_API_TOKEN_FILE) to the workers' token"
         elif exc.code in (503, 504):
-            hint = f" (retry after {exc.headers.get('Retry-After', 'a moment')} s)"
-        msg = f"{full}: HTTP {exc.code}: {detail}{hint}"
-        raise QueryError(msg, code) from exc
+            todo = f"retry after {exc.headers.get('Retry-After', 'a moment')} s"
+        elif exc.code == 502:
+            todo = "see the worker's log for the peer it names"
+        what = f"{full}: HTTP {exc.code}: {detail}"
+        raise QueryError(what, todo, code) from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        msg = (
-            f"{full}: cannot reach the worker's API ({reason}); is `oracular worker` running? "
-            "Pass --url or set ORACULAR_API_URL"
-        )
-        raise QueryError(msg, EXIT_UNAVAILABLE) from exc
+        what = f"{full}: cannot reach the worker's API ({reason})"
+        todo = "is `oracular worker` running? Pass --url or set ORACULAR_API_URL"
+        raise QueryError(what, todo, EXIT_UNAVAILABLE) from exc
 
 
 def _check_app(url: str, answered: str | None, app_id: str | None) -> None:
@@ -108,12 +110,15 @@ def _check_app(url: str, answered: str | None, app_id: str | None) -> None:
     if app_id is None or answered == app_id:
         return
     who = f"app {answered!r}" if answered else "a server that names no app"
-    msg = (
+    what = (
         f"{url}: answered by {who}, not app {app_id!r} (ORACULAR_APP_ID): another app's worker "
-        "has this address; pass --url (or set ORACULAR_API_URL / ORACULAR_API_PORT) to your "
-        "app's worker, or set ORACULAR_APP_ID to the app you mean"
+        "has this address"
     )
-    raise QueryError(msg, EXIT_UNAVAILABLE)
+    todo = (
+        "pass --url (or set ORACULAR_API_URL / ORACULAR_API_PORT) to your app's worker, or set "
+        "ORACULAR_APP_ID to the app you mean"
+    )
+    raise QueryError(what, todo, EXIT_UNAVAILABLE)
 
 
 def _time(ms: int | None) -> str:

@@ -90,7 +90,7 @@ def test_query_with_no_worker_api_is_one_line_and_exit_69(closed_port, tmp_path)
     assert "Traceback" not in done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith(f"oracular query: http://{closed_port}/v1/users/u1: cannot reach")
-    assert "is `oracular worker` running?" in line
+    assert " — is `oracular worker` running? Pass --url" in line
 
 
 def test_produce_checks_the_file_before_the_broker(closed_port, tmp_path, capsys):
