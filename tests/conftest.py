@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Both start from Hypothesis's own defaults, not from whatever profile is loaded right now
@@ -39,3 +40,11 @@ def _truthy(value: str | None) -> bool:
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _truthy(os.environ.get("CI")) else "dev")
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "chaos_full: `make chaos` only (the full chaos runs, the client storm); runs only with "
+        "CHAOS_FULL=1",
+    )

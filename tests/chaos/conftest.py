@@ -20,12 +20,6 @@ __all__ = ["RestartableBroker", "chaos_broker", "kafka"]
 PORT_ATTEMPTS = 50
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "chaos_full: the full chaos run (minutes); runs only with CHAOS_FULL=1"
-    )
-
-
 def _port_pair() -> int:
     """A free port whose successor is free too (the broker's controller listens there)."""
     for _ in range(PORT_ATTEMPTS):
