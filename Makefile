@@ -73,7 +73,7 @@ test-fast: setup ## the tests that need no broker
 # Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
 chaos: setup kafka ## the full chaos runs: workers killed/stopped/frozen, a broker restart, a failover
 	@mkdir -p var/chaos
-	CHAOS_FULL=1 $(PY) -m pytest tests/chaos tests/integration/test_hostile.py -m chaos_full \
+	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full \
 		-s -p no:cacheprovider \
 		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
 

@@ -14,6 +14,9 @@ body it never sends holds a connection (and a file descriptor) as long as it lik
   keep-alive one); when every connection has a request in progress, the new one gets a 503.
   Open file descriptors stay below the cap, far from the process's limit, so the worker's
   RocksDB files and Kafka connections always have room.
+- `Acceptor`: accepts the connections itself and stops accepting while `Guard.budget` sockets
+  are open (the cap, plus refused connections lingering and ones just accepted), so that a
+  storm of clients cannot fill the process's file table however slowly its loop turns.
 - `GuardedSite`: serves an aiohttp `AppRunner` through those on a bound socket (TLS optional).
 
 The body's deadline and size are enforced where it is read (`streams.api`).
@@ -22,15 +25,18 @@ The body's deadline and size are enforced where it is read (`streams.api`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
+import socket
 import ssl
 import struct
 import termios
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -56,6 +62,8 @@ the worker has not yet read on a busy machine)."""
 LINGER_S: Final = 1.0
 """After answering a request whose body was not read (401, 413), unread body bytes are
 discarded for at most this long before the connection closes (aiohttp's default: 10 s)."""
+ACCEPT_BATCH: Final = 16
+"""Connections accepted per turn of the API's event loop (asyncio's own server: its backlog)."""
 REFUSED_LINGER_S: Final = 0.25
 """A refused connection (503 at the cap) discards what its client sends for at most this long
 before it closes (its request is usually on its way: closing at once would reset it)."""
@@ -133,9 +141,18 @@ def unread_bytes(transport: asyncio.BaseTransport | None) -> int:
 class GuardedHandler(RequestHandler):
     """aiohttp's connection protocol, bounded by a `Guard`."""
 
-    def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        manager: web.Server,
+        guard: Guard,
+        *,
+        release: Callable[[], None] = lambda: None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self.guard = guard
+        self.release = release
+        """Tells the `Acceptor` that this connection's socket is closed."""
         self.served = 0
         """Requests this connection has begun (their headers complete)."""
         self.busy = False
@@ -198,6 +215,7 @@ class GuardedHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.deadline is not None:
             self.deadline.cancel()
+        self.release()
         if self.refused is not None:  # aiohttp never knew it
             self.refused = None
             self.guard.lingering -= 1
@@ -274,6 +292,14 @@ class Guard:
         """Connections closed or refused by the guard, by reason."""
         self.lingering = 0
         """Refused connections still open (answered 503, discarding what the client sends)."""
+        self.acceptor: Acceptor | None = None
+        """Set when serving: it holds every accepted socket until it closes."""
+
+    @property
+    def budget(self) -> int:
+        """Sockets open at most: the cap's connections, a quarter more refused ones
+        lingering, and a quarter more accepted and not yet admitted, refused or closed."""
+        return self.limits.max_connections + 2 * max(1, self.limits.max_connections // 4)
 
     def admit(self, conn: GuardedHandler) -> bool:
         """Take a new connection: at the cap, close the least recently active one that may be
@@ -309,12 +335,144 @@ class Guard:
         )
         for reason in CLOSE_REASONS:
             closed.add(self.closed[reason], (("reason", reason),))
+        sockets = self.acceptor.open if self.acceptor is not None else len(self.connections)
         return [
             Family("oracular_api_connections", "gauge", "Open API connections.").add(
                 len(self.connections)
             ),
+            Family(
+                "oracular_api_sockets",
+                "gauge",
+                "Open API sockets: connections, refused ones lingering, ones being accepted.",
+            ).add(sockets),
             closed,
         ]
+
+
+class Acceptor(asyncio.AbstractServer):
+    """Accepts the listening socket's connections itself, so that at most `budget` of them
+    are open at any time: at the budget it stops accepting (they wait in the kernel's listen
+    queue, not in this process's file table) and resumes as connections close.
+
+    asyncio's own server accepts up to its backlog on every turn of the loop and hands each
+    to a task: on a starved loop, accepted sockets waiting for their turn pile up with no
+    bound (2,000 clients at once took a worker limited to 1,024 files to its limit)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: Callable[[Callable[[], None]], asyncio.Protocol],
+        *,
+        budget: int,
+        ssl_context: ssl.SSLContext | None,
+        handshake_timeout_s: float,
+    ) -> None:
+        self.sock = sock
+        self.factory = factory
+        """Builds a connection's protocol from its release callback (call once it closed)."""
+        self.budget = budget
+        self.open = 0
+        """Accepted connections not yet closed (their protocol's `connection_lost`)."""
+        self.most = 0
+        """The most open at once (a test reads it)."""
+        self.ssl_context = ssl_context
+        self.handshake_timeout_s = handshake_timeout_s
+        self.loop = asyncio.get_running_loop()
+        self.reading = False
+        self.closed = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        sock.setblocking(False)
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return () if self.closed else (self.sock,)
+
+    def _resume(self) -> None:
+        if not self.reading and not self.closed and self.open < self.budget:
+            self.loop.add_reader(self.sock.fileno(), self._acceptable)
+            self.reading = True
+
+    def _pause(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.reading = False
+
+    def _acceptable(self) -> None:
+        for _ in range(ACCEPT_BATCH):  # a turn of the loop takes a few, then lets others run
+            if self.open >= self.budget:
+                self._pause()
+                return
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of files or buffers, or the client gave up first
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("lookup API: cannot accept a connection (%s); retrying in 1 s", exc)
+                    self._pause()
+                    self.loop.call_later(1.0, self._resume)
+                    return
+                continue
+            conn.setblocking(False)
+            self.open += 1
+            self.most = max(self.most, self.open)
+            task = self.loop.create_task(self._connect(conn, _Once(self._released)))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _connect(self, conn: socket.socket, release: Callable[[], None]) -> None:
+        tls: dict[str, Any] = {}
+        if self.ssl_context is not None:  # the TLS handshake is part of the header deadline
+            tls = {"ssl": self.ssl_context, "ssl_handshake_timeout": self.handshake_timeout_s}
+        try:
+            await self.loop.connect_accepted_socket(lambda: self.factory(release), conn, **tls)
+        except (OSError, TimeoutError, ssl.SSLError, asyncio.CancelledError) as exc:
+            log.debug("lookup API: a connection failed before its first byte: %r", exc)
+            conn.close()
+            release()
+
+    def _released(self) -> None:
+        self.open -= 1
+        self._resume()
+
+    def close(self) -> None:
+        self._pause()
+        if not self.closed:
+            self.closed = True
+            self.sock.close()
+        for task in self.tasks:
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.loop
+
+    def is_serving(self) -> bool:
+        return self.reading or (not self.closed and self.open >= self.budget)
+
+    async def start_serving(self) -> None:
+        self._resume()
+
+    async def serve_forever(self) -> None:
+        self._resume()
+        await asyncio.Future()
+
+
+class _Once:
+    """A callback that runs at most once (a connection is released once, however it ends)."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+
+    def __call__(self) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
 
 
 class GuardedSite(web.SockSite):
@@ -327,9 +485,8 @@ class GuardedSite(web.SockSite):
         guard: Guard,
         *,
         ssl_context: ssl.SSLContext | None = None,
-        backlog: int = 128,
     ) -> None:
-        super().__init__(runner, sock, ssl_context=ssl_context, backlog=backlog)
+        super().__init__(runner, sock, ssl_context=ssl_context)
         self.guard = guard
 
     async def start(self) -> None:
@@ -339,10 +496,11 @@ class GuardedSite(web.SockSite):
         assert server is not None, "runner.setup() first"
         limits = self.guard.limits
 
-        def connection() -> GuardedHandler:
+        def connection(release: Callable[[], None]) -> GuardedHandler:
             return GuardedHandler(
                 server,
                 self.guard,
+                release=release,
                 loop=loop,
                 keepalive_timeout=limits.keepalive_s,
                 lingering_time=min(LINGER_S, limits.body_timeout_s),
@@ -352,15 +510,16 @@ class GuardedSite(web.SockSite):
                 access_log=None,
             )
 
-        tls: dict[str, Any] = {}
-        if self._ssl_context is not None:  # a TLS handshake is part of the header deadline
-            tls = {"ssl": self._ssl_context, "ssl_handshake_timeout": limits.header_timeout_s}
-        # asyncio accepts up to `backlog` connections at a time before any is admitted or
-        # refused: keep that burst to a quarter of the cap too. With 2,000 clients at once,
-        # 128 at a time (and refused ones lingering up to the cap) took a worker limited to
-        # 1,024 files to its limit on a busy machine.
-        backlog = min(self._backlog, max(16, limits.max_connections // 4))
-        self._server = await loop.create_server(connection, sock=self._sock, backlog=backlog, **tls)
+        acceptor = Acceptor(
+            self._sock,
+            connection,
+            budget=self.guard.budget,
+            ssl_context=self._ssl_context,
+            handshake_timeout_s=limits.header_timeout_s,
+        )
+        self.guard.acceptor = acceptor
+        self._server = acceptor
+        await acceptor.start_serving()
 
 
 async def serve(

@@ -45,6 +45,5 @@ settings.load_profile(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "chaos_full: `make chaos` only (the full chaos runs, the client storm); runs only with "
-        "CHAOS_FULL=1",
+        "chaos_full: `make chaos` only (the full chaos runs); runs only with CHAOS_FULL=1",
     )

@@ -219,9 +219,9 @@ ATTACKS: list[Attack] = [
     ("1 GB declared body", huge_declared_body),
 ]
 STORM: list[Attack] = [("2,000 concurrent clients", many_clients)]
-"""In `make chaos` only: on a busy 2-core CI machine the storm took the worker to its
-open-file limit in 2 of 3 runs (the API thread starved while sockets were accepted), so it
-fails by scheduling luck there; an open problem of the front door, not a flaky check."""
+"""Before the API accepted connections itself (streams.front.Acceptor), the storm took the
+worker to its open-file limit in 2 of 3 runs on a busy 2-core CI machine: asyncio's server
+accepted sockets on every turn of a starved loop faster than they were admitted or closed."""
 
 
 @contextlib.asynccontextmanager
@@ -278,8 +278,6 @@ async def test_hostile_clients_cannot_stop_the_api_or_the_worker(
     assert table[2][1]["answers"] == {b"413": HUGE}, table
 
 
-@pytest.mark.chaos_full
-@pytest.mark.skipif(os.environ.get("CHAOS_FULL") != "1", reason="the client storm: make chaos")
 async def test_a_storm_of_clients_cannot_stop_the_api_or_the_worker(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
 ) -> None:
@@ -344,8 +342,8 @@ async def attack_a_worker(
         assert lookup == 200 and ready == 200, f"{name}: {text}"
         assert applied > 0, f"{name}: no input applied during the attack:\n{text}"
         assert seen.get("not closed by server", 0) == 0, f"{name}: {text}"
-    for name, seen, *_ in table:  # the API's share: twice the cap (a quarter of the limit
-        # each), the closes of one accept burst (the listen backlog, 128) pending: room left
-        assert seen["most open files"] < WORKER_FILES * 7 // 8, f"{name}: {text}"
+    for name, seen, *_ in table:  # the API's budget: 1.5 times its cap (a quarter of the
+        # limit), the rest the worker's own files (RocksDB, Kafka, logs): room left
+        assert seen["most open files"] < WORKER_FILES * 3 // 4, f"{name}: {text}"
     assert "out of system resource" not in log and "Too many open files" not in log, log[-3000:]
     return table

@@ -260,6 +260,42 @@ async def test_when_every_connection_is_busy_a_new_one_gets_a_json_503(worker: W
     assert status == 200
 
 
+async def test_a_storm_of_clients_never_opens_more_sockets_than_the_budget(config: Any) -> None:
+    """Far more clients at once than the cap: the API never holds more sockets than its budget
+    (the rest wait in the kernel's listen queue, not in the worker's file table); each client
+    gets a 200, a JSON 503 or nothing (its connect timed out), and afterwards a lookup
+    answers and every socket is released."""
+    user = user_on(1)
+    worker = await owning_worker(config, FAST)
+    guard = worker.server.guard
+
+    async def client() -> int:
+        try:
+            async with asyncio.timeout(20):
+                reader, writer = await connect(worker)
+                writer.write(get(f"/v1/users/{user}"))
+                data = await read_until_closed(reader, 20)
+                writer.close()
+        except (OSError, TimeoutError):
+            return 0
+        return parse(data)[0] if data else 0
+
+    try:
+        statuses = Counter(await asyncio.gather(*(client() for _ in range(300))))
+        acceptor = guard.acceptor
+        assert acceptor is not None
+        assert set(statuses) <= {0, 200, 503} and statuses[200] > 0, statuses
+        assert 0 < acceptor.most <= guard.budget, (acceptor.most, guard.budget)
+        status, _, body = await request(worker, get(f"/v1/users/{user}"))
+        assert status == 200 and body["user"] == user
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while acceptor.open > 0:
+            assert time.monotonic() < deadline, f"{acceptor.open} sockets never released"
+            await asyncio.sleep(0.01)
+    finally:
+        await worker.server.close()
+
+
 # --- every malformed request a JSON 4xx ----------------------------------------------------
 
 
