@@ -1,17 +1,18 @@
 """The worker's HTTP API: per-user lookups, reveal feedback, routing, health and metrics.
 
-Every worker serves it (docs/serving.md) from its own aiohttp server, a Faust service started
-before the consumer joins the group, so `/livez` and `/readyz` answer during start-up and
-recovery. `install_serving(app, runtime)` is the one hook `streams.app.create_app` calls.
+Every worker serves it (docs/serving.md) from a process of its own (`streams.replica` feeds
+it, `streams.lookup_process` runs it), started before the consumer joins the group, so
+`/livez` and `/readyz` answer during start-up and recovery. `install_serving(app, runtime)` is
+the one hook `streams.app.create_app` calls. The handlers here run against a `Node`: the
+replica in the API process, or a fake in unit tests.
 
 - Lookups are routed by the user's partition (murmur2, `streams.serving.partition_for`): the
-  worker owning it answers from its RocksDB copy; any other worker forwards exactly one hop
-  to the owner's URL (Faust's assignor shares each worker's `canonical_url`, which is this
-  API's URL), or answers from its standby copy when the caller passes `?stale=true`.
-- Reads never write the table. The owner answers from the worker's cache of decoded users
-  (`Processor.cache`, read with `StateCache.peek`: no decode) when it holds the user, else it
-  reads and decodes that one user from RocksDB; a long batch yields to the event loop every
-  few milliseconds.
+  worker owning it answers from its copy; any other worker forwards exactly one hop to the
+  owner's URL (Faust's assignor shares each worker's `canonical_url`, which is this API's
+  URL), or answers from its standby copy when the caller passes `?stale=true`.
+- Reads never write the table. The owner answers from its decoded users (`UserCache`) when it
+  holds the user, else it decodes that one user's stored value; a long batch yields to the
+  event loop every few milliseconds.
 - Reveals are appended to the input topic as `revealed` commands, keyed by user, so the agent
   applies them in order and a replay sees them; a `ts` further ahead than the max skew is
   refused.
@@ -33,7 +34,6 @@ import logging
 import socket
 import ssl
 import sys
-import threading
 import time
 import urllib.parse
 import uuid
@@ -49,11 +49,11 @@ from yarl import URL
 
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
-from schemas.stored import StoredUser
+from schemas.stored import StoredUser, decode_stored
 from streams import faust_patches
 from streams import processor as processor_module
 from streams.cli_common import EXIT_USAGE
-from streams.front import Guard, GuardedHandler, Limits, internal_error, serve
+from streams.front import Guard, GuardedHandler, Limits, internal_error
 from streams.metrics import (
     CONTENT_TYPE,
     OPENMETRICS_CONTENT_TYPE,
@@ -63,6 +63,7 @@ from streams.metrics import (
     processor_families,
     render,
 )
+from streams.replica import ChildArgs, Feed
 from streams.serving import (
     FORWARDED_HEADER,
     RETRY_AFTER_S,
@@ -96,10 +97,8 @@ log = logging.getLogger("oracular.api")
 
 YIELD_AFTER_S = 0.005
 """A batch lookup gives the API's event loop back (to other lookups) after this long answering
-users. By time, not by count: a user from the cache costs a few hundredths of a millisecond,
-one decoded from the table several times that; and each time the loop runs, the thread lets
-go of the GIL and may wait up to the switch interval for the worker's thread to hand it back,
-so a batch of 100 from the cache (~4 ms) is answered in one go."""
+users. By time, not by count: a user already decoded costs a few hundredths of a
+millisecond, one decoded from its stored value several times that."""
 EXIT_UNAVAILABLE = 69
 MAX_PEER_ANSWER_BYTES = 16 << 20
 """Largest answer taken from another worker (a batch of 1,000 with explanations is ~2 MiB)."""
@@ -139,9 +138,12 @@ class Node(Protocol):
 
 
 class UserCache(Protocol):
-    """The worker's cache of decoded users, read-only (`streams.processor.StateCache`)."""
+    """Decoded users (`streams.replica.ReplicaCache`): a lookup of a user it does not hold
+    decodes the user's stored value and hands it to `keep`."""
 
     def peek(self, key: bytes) -> StoredUser | None: ...
+
+    def keep(self, key: bytes, stored: StoredUser) -> None: ...
 
 
 @dataclass
@@ -500,11 +502,16 @@ class _Handlers:
                 return read_stored(stored)
         raw = self.node.get(partition, key)
         self.api.reads["table"] += 1
+        if raw is None:
+            return read_user(None, self.api.config, partition)
         try:
-            return read_user(raw, self.api.config, partition)
+            stored = decode_stored(raw, self.api.config)
         except EngineError as exc:  # a stored state this worker cannot read
             msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
             raise ApiError(500, msg, partition=partition) from exc
+        if cache is not None and decision.role == "active" and not settling:
+            cache.keep(key, stored)
+        return read_stored(stored)
 
     async def _forward_single(
         self, request: web.Request, url: str, user: str, partition: int
@@ -821,6 +828,32 @@ class FaustNode:
             local = "standby"
         return PartitionView(local, settling, self._owners().get(partition), self.me)
 
+    def views(self) -> dict[int, tuple[str | None, bool, str | None]]:
+        """Every partition's (local role, settling, owner URL), as `view` gives them, at once
+        (the API process's status)."""
+        from faust.types import TP  # noqa: PLC0415
+
+        assignor = self.app.assignor
+        actives, standbys = assignor.assigned_actives(), assignor.assigned_standbys()
+        dbs = faust_patches.open_partitions(self.table)
+        settling, owners = self._settling(), self._owners()
+        views = {}
+        for partition in range(self.partitions):
+            tp = TP(self.changelog, partition)
+            local: str | None = None
+            here = settling
+            if tp in actives:
+                local = "active"
+                here = settling or partition not in dbs
+            elif tp in standbys and partition in dbs:
+                local = "standby"
+            views[partition] = (local, here, owners.get(partition))
+        return views
+
+    def databases(self) -> dict[int, Any]:
+        """The open local copies (RocksDB databases) by partition."""
+        return faust_patches.open_databases(self.table)
+
     def get(self, partition: int, key: bytes) -> bytes | None:
         if partition not in faust_patches.open_partitions(self.table):
             msg = f"partition {partition} is not open on this worker (moved away); retry"
@@ -942,96 +975,29 @@ def _state_table() -> str:
 
 
 class ApiService(Service):
-    """Runs the API's aiohttp server in a thread of its own, on its own event loop.
+    """Runs the API in a process of its own (`streams.replica`), fed by this worker.
 
-    The worker's loop spends tens of milliseconds at a time applying a batch; on that loop a
-    lookup would wait for the batch, and a burst of lookups would hold up processing. In its
-    own thread a lookup waits at most the interpreter's switch interval (5 ms) for the batch,
-    and reads the cache of decoded users (`StateCache.peek`, one dict read), RocksDB (safe
-    from any thread) and the engine (pure) without touching the worker's loop; only a
-    reveal's produce call is handed to the worker's loop.
-    """
+    Started before the consumer joins the group, so `/livez` and `/readyz` answer during
+    start-up and recovery (partitions not yet copied to the API process are settling)."""
 
-    STARTUP_TIMEOUT_S = 30.0
-
-    def __init__(
-        self,
-        app: Any,
-        api: Api,
-        sock: socket.socket,
-        url: str,
-        node: Any,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        switch_interval_s: float | None = None,
-    ) -> None:
+    def __init__(self, app: Any, feed: Feed, url: str, sock: socket.socket) -> None:
         super().__init__()
-        self.app, self.api, self.sock, self.url, self.node = app, api, sock, url, node
-        self.web_app = build_web_app(api)
-        self.ssl_context = ssl_context
-        self.switch_interval_s = switch_interval_s
-        self.runner: web.AppRunner | None = None
-        self.loop_: asyncio.AbstractEventLoop | None = None
-        self.thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
+        self.app, self.feed, self.url, self.sock = app, feed, url, sock
 
     async def on_start(self) -> None:
         # Before the consumer joins: a `faust worker --web-port` must not change the URL the
         # assignor advertises for this worker.
         self.app.conf.canonical_url = self.url
-        self.node.worker_loop = asyncio.get_running_loop()
-        if self.switch_interval_s is not None:
-            sys.setswitchinterval(self.switch_interval_s)
-        ready = threading.Event()
-        self.thread = threading.Thread(
-            target=self._serve, args=(ready,), name="oracular-api", daemon=True
-        )
-        self.thread.start()
-        started = await asyncio.get_running_loop().run_in_executor(
-            None, ready.wait, self.STARTUP_TIMEOUT_S
-        )
-        if self.failure is not None or not started:
-            msg = f"the lookup API did not start: {self.failure or 'timed out'}"
-            raise RuntimeError(msg)
+        self.feed.node.worker_loop = asyncio.get_running_loop()
+        await self.feed.start()
         host, port = self.sock.getsockname()[:2]
         log.info(
             "oracular lookup API on %s:%s, advertised to other workers as %s", host, port, self.url
         )
-
-    def _serve(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self.loop_ = loop
-        asyncio.set_event_loop(loop)
-
-        async def start() -> None:
-            self.runner, self.api.guard = await serve(
-                self.web_app,
-                self.sock,
-                self.api.limits,
-                ssl_context=self.ssl_context,
-                app_id=self.api.app_id,
-            )
-
-        try:
-            loop.run_until_complete(start())
-        except BaseException as exc:
-            self.failure = exc
-            ready.set()
-            loop.close()
-            return
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            if self.runner is not None:
-                loop.run_until_complete(self.runner.cleanup())
-            loop.close()
+        log.info("lookup API process: %s", self.feed.process.pid if self.feed.process else "?")
 
     async def on_stop(self) -> None:
-        loop, thread = self.loop_, self.thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
+        await self.feed.stop()
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -1093,17 +1059,30 @@ def check_exposure(settings: Settings, sock: socket.socket) -> None:
     print(f"oracular worker: WARNING: {warning}", file=sys.stderr)
 
 
+def tls_paths(settings: Settings) -> tuple[str | None, str | None, str | None]:
+    """(ORACULAR_API_TLS_CERT, ORACULAR_API_TLS_KEY, ORACULAR_API_TLS_CAFILE) as paths."""
+    cert, key, cafile = settings.api_tls_cert, settings.api_tls_key, settings.api_tls_cafile
+    return tuple(None if p is None else str(p) for p in (cert, key, cafile))  # type: ignore[return-value]
+
+
 def tls_contexts(settings: Settings) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     """(the API's server context with ORACULAR_API_TLS_CERT/KEY, the forwarding client's
     context with ORACULAR_API_TLS_CAFILE); None where unset. A file that cannot be loaded
     stops the worker with one line."""
+    return load_tls(*tls_paths(settings))
+
+
+def load_tls(
+    cert: str | None, key: str | None, cafile: str | None
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """`tls_contexts` from the three paths."""
     server = client = None
     try:
-        if settings.api_tls_cert is not None and settings.api_tls_key is not None:
+        if cert is not None and key is not None:
             server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            server.load_cert_chain(settings.api_tls_cert, settings.api_tls_key)
-        if settings.api_tls_cafile is not None:
-            client = ssl.create_default_context(cafile=str(settings.api_tls_cafile))
+            server.load_cert_chain(cert, key)
+        if cafile is not None:
+            client = ssl.create_default_context(cafile=cafile)
     except (OSError, ssl.SSLError) as exc:
         _refuse(
             "cannot load the lookup API's TLS files (ORACULAR_API_TLS_CERT, "
@@ -1161,16 +1140,17 @@ def bind_api(settings: Settings, default_port: int = DEFAULT_PORT) -> socket.soc
     return sock
 
 
-def install_serving(app: Any, runtime: Any) -> Api:
+def install_serving(app: Any, runtime: Any) -> Feed:
     """Serve the API from this worker: bind, advertise, route, time batches.
 
     Binds the socket now, so the URL Faust's assignor shares with the group is known before
-    the worker joins; Faust's own table views stay off.
+    the worker joins; Faust's own table views stay off. The API runs in a process of its own
+    (`streams.replica`) that this worker starts and feeds.
     """
     settings: Settings = runtime.settings
     sock = bind_api(settings)
     check_exposure(settings, sock)
-    server_ssl, client_ssl = tls_contexts(settings)
+    tls_contexts(settings)  # a file that cannot be loaded stops the worker here, in one line
     url = advertised_url(settings, sock)
     app.conf.canonical_url = url
     app.conf.web_tables_enabled = False  # Faust's raw /table views: never
@@ -1180,27 +1160,24 @@ def install_serving(app: Any, runtime: Any) -> Api:
     node_table = app.tables[_state_table()]
     node_table.standby_buffer_size = 1
     node = FaustNode(app, runtime, url)
-    api = Api(
-        node,
+    args = ChildArgs(
+        url=url,
+        app_id=settings.app_id,
+        config=node.config,
+        partitions=node.partitions,
+        events_topic=node.events_topic,
         token=settings.api_token,
         forward_timeout_s=settings.api_forward_timeout_s,
         max_skew_ms=settings.max_skew_ms,
-        client_ssl=client_ssl,
-        app_id=settings.app_id,
         peers=allowed_peers(settings, sock),
         limits=Limits.from_settings(settings),
-        cache=runtime.processor.cache,
+        tls=tls_paths(settings),
+        log_level=logging.getLogger("oracular").getEffectiveLevel(),
     )
-    service = ApiService(
-        app,
-        api,
-        sock,
-        url,
-        node,
-        ssl_context=server_ssl,
-        switch_interval_s=settings.api_switch_interval_ms / 1000,
-    )
-    app.add_dependency(service)
+    metrics = Metrics()
+    feed = Feed(args, sock, node, metrics)
+    runtime.table.tap.listener = feed.written
+    app.add_dependency(ApiService(app, feed, url, sock))
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
     async def assigned(sender: Any, *_: Any, **__: Any) -> None:
@@ -1213,8 +1190,8 @@ def install_serving(app: Any, runtime: Any) -> Api:
         try:
             await run_batch(events)
         finally:
-            api.metrics.batch(time.perf_counter() - started, len(events))
+            metrics.batch(time.perf_counter() - started, len(events))
 
     runtime.run_batch = timed_batch
-    runtime.api = api
-    return api
+    runtime.api = feed
+    return feed

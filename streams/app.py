@@ -190,7 +190,7 @@ def create_app(
     runtime = _Runtime(
         app, processor, FaustTable(table), outputs, settings, ticks=ticks, backfill=backfill
     )
-    fence_stale_changelog_records(table, runtime.repair)
+    fence_stale_changelog_records(table, runtime.repair, runtime.table.tap)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
     if backfill is None:  # the lookup API, health and metrics (streams/api.py, docs/serving.md)
         from streams.api import install_serving  # noqa: PLC0415 - aiohttp only in workers

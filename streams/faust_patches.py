@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import importlib.metadata
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Final, NamedTuple, cast
@@ -897,6 +898,19 @@ def end_offset(consumer: Any, tp: TP) -> int | None:
 def open_partitions(table: Any) -> set[int]:
     """The partitions whose local store (RocksDB database) `table` has open on this worker."""
     return set(getattr(table.data, "_dbs", {}))
+
+
+def open_databases(table: Any) -> dict[int, Any]:
+    """`table`'s open local stores (RocksDB databases) by partition."""
+    return dict(getattr(table.data, "_dbs", {}))
+
+
+def store_items(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs of the RocksDB database `db`, in key order, from the
+    first key after `after` (from the start when None); read now, not from a snapshot."""
+    start = None if after is None else after + b"\0"  # the least key greater than `after`
+    items = db.items() if start is None else db.items(from_key=start)
+    return list(itertools.islice(items, limit))
 
 
 def store_get(table: Any, partition: int, key: bytes) -> bytes | None:

@@ -244,9 +244,6 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
-    Setting("api_switch_interval_ms", "ORACULAR_API_SWITCH_INTERVAL_MS", float, 5.0,
-            "the interpreter's thread switch interval (`sys.setswitchinterval`): how long the "
-            "worker's thread keeps the GIL while the API's thread waits for it (BENCHMARKS.md)"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -320,7 +317,6 @@ class Settings:
     api_max_requests_per_connection: int = _default("api_max_requests_per_connection")
     api_max_connections: int | None = _default("api_max_connections")
     api_max_body_bytes: int = _default("api_max_body_bytes")
-    api_switch_interval_ms: float = _default("api_switch_interval_ms")
     ready_max_lag: int = _default("ready_max_lag")
 
     @property
@@ -516,7 +512,6 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "api_keepalive_s",
         "api_max_requests_per_connection",
         "api_max_body_bytes",
-        "api_switch_interval_ms",
     )
     for name in positive:
         if getattr(settings, name) <= 0:

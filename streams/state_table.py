@@ -11,7 +11,7 @@ had lost its partitions can never move a user back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from faust.types import TP
@@ -24,12 +24,29 @@ from streams.sending import Sent, acknowledged, hand_over, no_check
 log = logging.getLogger("oracular.worker")
 
 
+Written = Callable[[int, Sequence[tuple[bytes, bytes | None]]], None]
+"""Told each write to a local copy: (partition, [(key, value; None for a deletion)])."""
+
+
+class WriteTap:
+    """Where the writes to the table's local copies are told (the lookup API's replica,
+    `streams.replica.Feed`): the worker's batches and restored or standby changelog records."""
+
+    def __init__(self) -> None:
+        self.listener: Written | None = None
+
+    def __call__(self, partition: int, items: Sequence[tuple[bytes, bytes | None]]) -> None:
+        if self.listener is not None:
+            self.listener(partition, items)
+
+
 class FaustTable(Table):
     """`streams.processor.Table` over a Faust table with bytes keys and values."""
 
-    def __init__(self, table: Any) -> None:
-        """Wrap `table`."""
+    def __init__(self, table: Any, tap: WriteTap | None = None) -> None:
+        """Wrap `table`; `tap` is told every write."""
         self.table = table
+        self.tap = tap or WriteTap()
 
     def get(self, key: bytes, context: Any) -> bytes | None:
         """Read on the partition of `context` (a Faust event, or anything with
@@ -48,6 +65,7 @@ class FaustTable(Table):
             by_partition.setdefault(context.message.partition, []).append((key, value))
         for partition, items in by_partition.items():
             faust_patches.store_put_all(self.table, partition, items)
+            self.tap(partition, items)
 
     @property
     def changelog_topic(self) -> str:
@@ -102,7 +120,9 @@ class FaustTable(Table):
 
 
 def fence_stale_changelog_records(
-    table: Any, repair: Callable[[int, bytes], None] | None = None
+    table: Any,
+    repair: Callable[[int, bytes], None] | None = None,
+    tap: WriteTap | None = None,
 ) -> None:
     """Make restores and standbys skip changelog records older than the value they hold.
 
@@ -116,7 +136,7 @@ def fence_stale_changelog_records(
     restores and standbys need this. The partitions' persisted offsets still advance past
     skipped records. Where a skipped record is the last of its user in the log (compaction
     would keep it), `repair(partition, key)` is called: the partition's owner writes the
-    user's state again after recovery.
+    user's state again after recovery. `tap` is told the records applied.
     """
 
     def skipping_stale(apply: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -148,6 +168,13 @@ def fence_stale_changelog_records(
                 stale_last.discard(where)
                 kept.append(event)
             apply(kept)
+            if tap is not None and kept:
+                applied: dict[int, list[tuple[bytes, bytes | None]]] = {}
+                for event in kept:
+                    message = event.message
+                    applied.setdefault(message.partition, []).append((message.key, message.value))
+                for partition, items in applied.items():
+                    tap(partition, items)
             if repair is not None:
                 for partition, key in stale_last:
                     repair(partition, key)

@@ -9,6 +9,7 @@ is bounded by a named timeout and polls a condition.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import time
@@ -50,6 +51,7 @@ ANSWER_TIMEOUT_S = 60.0  # a lookup gives the expected answer (after a rebalance
 HTTP_TIMEOUT_S = 15.0  # one HTTP request to a worker on a busy 2-core box
 
 API_LINE = re.compile(r"oracular lookup API on \S+, advertised to other workers as (\S+)")
+API_PROCESS_LINE = re.compile(r"lookup API process: (\d+)")
 
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
@@ -65,6 +67,14 @@ def api_url(worker: FaustWorker) -> str:
             raise AssertionError(msg + worker.log_tail())
         time.sleep(POLL_INTERVAL_S)
     return str(found[-1])
+
+
+def api_pid(worker: FaustWorker) -> int:
+    """The pid of the worker's lookup API process, from its log line."""
+    api_url(worker)  # logged just before it
+    found = API_PROCESS_LINE.findall(worker.log_text(current_run_only=True))
+    assert found, worker.log_tail()
+    return int(found[-1])
 
 
 def replayed(config: EngineConfig, events: list[Event]) -> dict[str, EngineState]:
@@ -467,9 +477,10 @@ async def test_stale_reads_come_from_the_standby_copy(
 async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
 ) -> None:
-    """The owner of a user's partition stops answering (SIGSTOP): a lookup through the other
-    worker fails with 504 after ORACULAR_API_FORWARD_TIMEOUT_S instead of hanging, and is
-    right again once the owner runs again."""
+    """The owner of a user's partition stops answering (SIGSTOP, its worker and its API
+    process): a lookup through the other worker fails with 504 after
+    ORACULAR_API_FORWARD_TIMEOUT_S instead of hanging, and is right again once the owner runs
+    again."""
     dep, events, states, at = served_stream(
         kafka, request, {"ORACULAR_API_FORWARD_TIMEOUT_S": "1"}, events=600, users=60, seed=34
     )
@@ -487,13 +498,16 @@ async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
             u for u in sorted(states) if owners[str(partition_for(u, PARTITIONS))] == urls[1]
         )
         assert second.process is not None
-        second.process.send_signal(signal.SIGSTOP)
+        frozen = [second.process.pid, api_pid(second)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
             status, body, _ = await get_json(http, f"{urls[0]}/v1/users/{user}", token=None)
             elapsed = time.monotonic() - started
         finally:
-            second.process.send_signal(signal.SIGCONT)
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
         assert status == 504 and urls[1] in body["error"], body
         assert elapsed < HTTP_TIMEOUT_S / 2, elapsed  # the forward timeout, not the client's
 
@@ -506,12 +520,50 @@ async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
     assert first.stop() == 0
 
 
-async def test_lookups_from_the_cache_equal_lookups_from_the_table(
+async def test_a_frozen_worker_s_api_process_stops_answering_as_the_owner(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
 ) -> None:
-    """A worker that has applied a stream answers every user from its cache of decoded users
-    (no table read), equal to the replay; restarted without a cache, it reads every user
-    from its table and gives the same answers."""
+    """The API runs in a process of its own: when its worker freezes (SIGSTOP, the worker
+    only), the API process goes on answering, but once the worker's status is older than
+    STALE_STATUS_S it answers no lookup as the owner (a 503 that says so) and /readyz says
+    why; once the worker runs again, the answers are right again."""
+    dep, events, states, at = served_stream(kafka, request, {}, events=300, users=30, seed=35)
+    await dep.create_topics()
+    worker = worker_for(faust_worker, dep).start()
+    url = api_url(worker)
+    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+        await produce_events(kafka, dep.topics.events.name, events)
+        await wait_committed(dep)
+        user = sorted(states)[0]
+
+        async def right() -> tuple[bool, Any]:
+            status, body, _ = await get_json(http, f"{url}/v1/users/{user}?at={at}", token=None)
+            return status == 200 and not answer_problems(body, states[user], at), (status, body)
+
+        await wait_until(right, timeout_s=ANSWER_TIMEOUT_S, what="the answer before the freeze")
+        assert worker.process is not None
+        worker.process.send_signal(signal.SIGSTOP)
+        try:
+
+            async def refused() -> tuple[bool, Any]:
+                status, body, _ = await get_json(http, f"{url}/v1/users/{user}", token=None)
+                return status == 503 and "rebalanced or restored" in body["error"], body
+
+            await wait_until(refused, timeout_s=ANSWER_TIMEOUT_S, what="a 503 while frozen")
+            status, body, _ = await get_json(http, f"{url}/readyz", token=None)
+            assert status == 503 and "no status" in " ".join(body["reasons"]), body
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
+        await wait_until(right, timeout_s=ANSWER_TIMEOUT_S, what="the answer after SIGCONT")
+    assert worker.stop() == 0
+
+
+async def test_lookups_from_the_decoded_cache_equal_lookups_from_the_table(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    """The API process decodes a user from its copy of the table on the first lookup and
+    answers the next ones from the decoded state, equal to the replay; restarted (and with
+    the worker's own cache of decoded users off) it gives the same answers."""
     dep, events, states, at = served_stream(
         kafka, request, {"ORACULAR_API_TOKEN": TOKEN}, events=1_000, users=60, seed=37
     )
@@ -529,7 +581,7 @@ async def test_lookups_from_the_cache_equal_lookups_from_the_table(
             await wait_committed(dep)
             problems: list[str] = []
             bodies = {}
-            for user, state in sorted(states.items()):
+            for user, state in [*sorted(states.items()), *sorted(states.items())]:
                 status, body, _ = await get_json(http, f"{url}/v1/users/{user}?at={at}")
                 assert status == 200, (user, body)
                 problems += answer_problems(body, state, at)
@@ -545,6 +597,6 @@ async def test_lookups_from_the_cache_equal_lookups_from_the_table(
             source: metric(text, f'oracular_lookup_reads_total{{source="{source}"}}')
             for source in ("cache", "table")
         }
-        assert reads == {run: len(states), "cache" if run == "table" else "table": 0}, reads
+        assert reads == {"table": len(states), "cache": len(states)}, reads
         assert worker.stop() == 0
     assert answers[0] == answers[1]

@@ -1,0 +1,334 @@
+"""The lookup API's own process and its replica of the worker's table (streams/replica.py,
+streams/lookup_process.py), without a broker.
+
+The replica's rules through its messages; the full copy of a RocksDB database interleaved
+with writes; the status round trip; and a real API process started by a `Feed` over a fake
+worker: lookups answered from the replica, a reveal appended through the worker, a dead
+process restarted with its replica rebuilt. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import rocksdict
+from aiohttp import ClientSession, ClientTimeout
+
+from engine import create_state, observe
+from schemas.config import load_config
+from schemas.stored import StoredUser, encode_stored
+from streams.api import bind
+from streams.front import Limits
+from streams.metrics import Family, Metrics
+from streams.replica import (
+    BEGIN,
+    DROP,
+    STALE_STATUS_S,
+    STATES,
+    SYNCED,
+    ChildArgs,
+    Feed,
+    Replica,
+    ReplicaCache,
+    ReplicaNode,
+    chunks,
+    pack,
+    unpacker,
+)
+from streams.serving import Peers, partition_for
+from tests.streams.test_cli_replay import CONFIG
+
+WAIT_S = 30.0  # a condition on a busy 2-core box
+PARTITIONS = 4
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def config() -> Any:
+    return load_config(CONFIG)
+
+
+def args(config: Any, url: str = "http://127.0.0.1:1") -> ChildArgs:
+    return ChildArgs(
+        url=url,
+        app_id="replica-test",
+        config=config,
+        partitions=PARTITIONS,
+        events_topic="events",
+        token=None,
+        forward_timeout_s=2.0,
+        max_skew_ms=60_000,
+        peers=Peers(),
+        limits=Limits(),
+        tls=(None, None, None),
+        log_level=30,
+    )
+
+
+def stored(config: Any, signal_name: str, partition: int, offset: int) -> bytes:
+    state = observe(create_state(config), signal_name, T0)
+    return encode_stored(StoredUser(state, partition, offset))
+
+
+# --- the replica's rules -------------------------------------------------------------------
+
+
+def test_a_partition_is_read_only_once_its_full_copy_arrived(config: Any) -> None:
+    replica = Replica()
+    node = ReplicaNode(args(config), replica, append=None)  # type: ignore[arg-type]
+    node.take_status(status_body({0: ["active", False, node.me]}), Metrics())
+    replica.apply([BEGIN, 0])
+    replica.apply([STATES, 0, [[b"u1", b"v1"], [b"u2", b"v2"]]])
+    assert node.view(0).settling  # copy still on its way: settling (a 503, retry)
+    with pytest.raises(Exception, match="not open"):
+        node.get(0, b"u1")
+    replica.apply([SYNCED, 0])
+    assert not node.view(0).settling and node.get(0, b"u1") == b"v1"
+    replica.apply([STATES, 0, [[b"u1", None], [b"u3", b"v3"]]])  # a tombstone, a new user
+    assert node.get(0, b"u1") is None and node.get(0, b"u3") == b"v3"
+    replica.apply([DROP, 0])
+    assert node.view(0).settling and 0 not in replica.values
+
+
+def test_a_write_drops_the_decoded_state(config: Any) -> None:
+    replica = Replica()
+    cache = ReplicaCache(replica)
+    replica.apply([BEGIN, 1])
+    replica.apply([SYNCED, 1])
+    user = StoredUser(create_state(config), 1, 5)
+    cache.keep(b"u", user)
+    assert cache.peek(b"u") is user
+    replica.apply([STATES, 1, [[b"u", b"newer"]]])
+    assert cache.peek(b"u") is None
+    cache.keep(b"u", user)
+    replica.apply([BEGIN, 1])  # a new full copy of its partition
+    assert cache.peek(b"u") is None
+
+
+def test_a_stale_status_makes_every_local_partition_settling(config: Any) -> None:
+    replica = Replica()
+    node = ReplicaNode(args(config), replica, append=None)  # type: ignore[arg-type]
+    node.take_status(
+        status_body({0: ["active", False, node.me], 1: ["standby", False, "x"]}), Metrics()
+    )
+    for message in ([BEGIN, 0], [SYNCED, 0]):
+        replica.apply(message)
+    assert not node.view(0).settling and node.health() == []
+    assert node.view(1).local is None  # a standby not yet copied cannot answer stale reads
+    node.status.received = time.monotonic() - STALE_STATUS_S - 1  # the worker froze
+    assert node.view(0).settling
+    assert "no status" in node.health()[0]
+
+
+def status_body(views: dict[int, list[Any]]) -> dict[str, Any]:
+    gauge = Family("oracular_ready", "gauge", "1 when ready.").add(1, (("role", "active"),))
+    metrics = Metrics()
+    metrics.batch(0.004, 17)
+    feed = Feed.__new__(Feed)
+    feed.metrics = metrics
+    feed.node = FakeNode(views, [gauge])
+    body: dict[str, Any] = feed.status()
+    return msgpack.unpackb(pack(body), raw=False, strict_map_key=False)  # type: ignore[no-any-return]
+
+
+def test_the_status_crosses_the_channel_whole(config: Any) -> None:
+    node = ReplicaNode(args(config), Replica(), append=None)  # type: ignore[arg-type]
+    metrics = Metrics()
+    node.take_status(status_body({2: ["active", True, "http://w:1"]}), metrics)
+    assert node.status.views == {2: ("active", True, "http://w:1")}
+    assert node.lag() == {2: 7} and node.counts() == {"applied": 3}
+    assert node.inputs_by_partition() == {("events", 2): 3}
+    assert node.episodes_by_reason() == {"timeout": 1}
+    [gauge] = node.gauges()
+    assert gauge.samples == [("", (("role", "active"),), 1)]
+    assert metrics.batch_messages == 17 and sum(metrics.batch_seconds.sums.values()) == 0.004
+
+
+def test_messages_stream_through_the_unpacker_in_any_pieces() -> None:
+    data = b"".join(pack([STATES, p, [[b"k%d" % p, b"v"]]]) for p in range(50))
+    feed = unpacker()
+    got = []
+    for start in range(0, len(data), 7):
+        feed.feed(data[start : start + 7])
+        got.extend(feed)
+    assert [m[1] for m in got] == list(range(50)) and got[3][2] == [[b"k3", b"v"]]
+
+
+def test_a_full_copy_with_writes_between_its_chunks_equals_the_database(tmp_path: Path) -> None:
+    """The copy reads each chunk when it is sent, so writes sent between chunks (before,
+    inside and after the part already copied) leave the replica equal to the database."""
+    options = rocksdict.Options(raw_mode=True)
+    db = rocksdict.Rdict(str(tmp_path / "db"), options=options)
+    try:
+        for n in range(5000):
+            db[b"user%05d" % n] = b"v0"
+        replica = Replica()
+        replica.apply([BEGIN, 0])
+        for step, chunk in enumerate(chunks(db, 1000)):
+            replica.apply([STATES, 0, chunk])
+            writes = [
+                (b"user%05d" % (step * 1000 + 10), b"w%d" % step),  # already copied
+                (b"user%05d" % ((step + 2) * 1000 + 10), b"w%d" % step),  # not yet
+                (b"new%d" % step, b"n"),
+            ]
+            gone = b"user%05d" % (step * 1000 + 500 + 2000)
+            for key, value in writes:
+                db[key] = value
+            db.delete(gone)
+            replica.apply([STATES, 0, [*writes, (gone, None)]])  # as the tap sends them
+        replica.apply([SYNCED, 0])
+        assert replica.values[0] == dict(db.items())
+    finally:
+        db.close()
+
+
+# --- a real API process ------------------------------------------------------------------
+
+
+class FakeNode:
+    """The worker's side of a `Feed`: one open database per partition, a status, reveals."""
+
+    def __init__(self, views: dict[int, list[Any]], gauges: list[Family], dbs: Any = None) -> None:
+        self._views = views
+        self._gauges = gauges
+        self.dbs: dict[int, Any] = dbs or {}
+        self.appended: list[tuple[bytes, bytes, int]] = []
+        self.worker_loop = None
+
+    def views(self) -> dict[int, tuple[str | None, bool, str | None]]:
+        return {p: (v[0], v[1], v[2]) for p, v in self._views.items()}
+
+    def routing(self) -> dict[str, Any]:
+        return {"here": {"active": sorted(self._views)}}
+
+    def health(self) -> list[str]:
+        return []
+
+    def lag(self) -> dict[int, int]:
+        return {2: 7}
+
+    def counts(self) -> dict[str, int]:
+        return {"applied": 3}
+
+    def inputs_by_partition(self) -> dict[tuple[str, int], int]:
+        return {("events", 2): 3}
+
+    def episodes_by_reason(self) -> dict[str, int]:
+        return {"timeout": 1}
+
+    def gauges(self) -> list[Family]:
+        return self._gauges
+
+    def databases(self) -> dict[int, Any]:
+        return dict(self.dbs)
+
+    async def append(self, key: bytes, value: bytes, partition: int) -> tuple[int, int]:
+        self.appended.append((key, value, partition))
+        return partition, len(self.appended) - 1
+
+
+async def wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not await condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def served(config: Any, tmp_path: Path) -> AsyncIterator[tuple[str, Feed, FakeNode, Any]]:
+    """A `Feed` serving a fake worker that owns every partition, each with a database."""
+    dbs = {
+        p: rocksdict.Rdict(str(tmp_path / f"p{p}"), options=rocksdict.Options(raw_mode=True))
+        for p in range(PARTITIONS)
+    }
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    views = {p: ["active", False, url] for p in range(PARTITIONS)}
+    node = FakeNode(views, [], dbs)
+    feed = Feed(args(config, url), sock, node, Metrics())
+    await feed.start()
+    try:
+        yield url, feed, node, dbs
+    finally:
+        await feed.stop()
+        sock.close()
+        for db in dbs.values():
+            db.close()
+
+
+def write(feed: Feed, dbs: Any, config: Any, user: str, signal_name: str, offset: int) -> None:
+    """What the worker does: write the user's state to its partition's database and tell
+    the tap."""
+    partition = partition_for(user, PARTITIONS)
+    value = stored(config, signal_name, partition, offset)
+    dbs[partition][user.encode()] = value
+    feed.written(partition, [(user.encode(), value)])
+
+
+async def get(http: ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url) as response:
+        return response.status, json.loads(await response.read())
+
+
+async def test_the_api_process_answers_from_the_replica_and_appends_reveals_through_the_worker(
+    served: Any, config: Any
+) -> None:
+    url, feed, node, dbs = served
+    before = "u-before"
+    write(feed, dbs, config, before, "pricing.viewed", 1)  # in the database before the copy
+    async with ClientSession(timeout=ClientTimeout(total=10)) as http:
+
+        async def known(user: str, offset: int) -> bool:
+            status, body = await get(http, f"{url}/v1/users/{user}")
+            return status == 200 and body["known"] and body["position"]["offset"] == offset
+
+        await wait_for(lambda: known(before, 1), "the user written before the copy")
+        write(feed, dbs, config, "u-after", "pricing.viewed", 2)  # written after: pushed
+        await wait_for(lambda: known("u-after", 2), "the user written after the copy")
+        write(feed, dbs, config, before, "limit.hit", 3)  # a newer state of a decoded user
+        await wait_for(lambda: known(before, 3), "the newer state")
+        async with http.post(
+            f"{url}/v1/users/u-after/revealed", json={"intent": "upgrade"}
+        ) as response:
+            assert response.status == 202, await response.text()
+        [(key, _, partition)] = node.appended
+        assert key == b"u-after" and partition == partition_for("u-after", PARTITIONS)
+        status, body = await get(http, f"{url}/readyz")
+        assert status == 200 and body["ready"], body
+
+
+async def test_a_dead_api_process_is_restarted_with_its_replica_rebuilt(
+    served: Any, config: Any
+) -> None:
+    url, feed, _, dbs = served
+    write(feed, dbs, config, "u1", "pricing.viewed", 4)
+    assert feed.process is not None
+    os.kill(feed.process.pid, signal.SIGKILL)
+    async with ClientSession(timeout=ClientTimeout(total=10)) as http:
+
+        async def answers() -> bool:
+            try:
+                status, body = await get(http, f"{url}/v1/users/u1")
+            except (TimeoutError, OSError, json.JSONDecodeError):
+                return False
+            return status == 200 and body["position"]["offset"] == 4
+
+        await wait_for(answers, "an answer from the restarted API process")
+    assert feed.restarts == 1
+
+
+def test_the_api_process_refuses_to_be_started_by_hand() -> None:
+    from streams.lookup_process import main
+
+    assert main([]) == 2
+    assert socket  # the module's sockets come from the worker only
