@@ -12,12 +12,13 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    "with" windows, CLIENTS closed-loop clients in this process send single-user lookups, each
    through the worker that does NOT own the user (one forward). The ratio is the pooled rate
    with lookups over the pooled rate without.
-2. Latency under processing load. Once the backlog is drained (every user's state in place),
-   bench/loadgen.py (its own process) offers live events at half the rate the two workers
-   drained the backlog at without lookups (`--live-rate` to choose another) while this
-   process measures, one request at a time: single-user lookups at the owner, single-user
-   lookups through the non-owner (one forward), and batches of 100 users all owned by the
-   other worker, through the non-owner (one forward per batch), and 100 mixed users.
+2. Latency idle, then under processing load. Once the backlog is drained (every user's state
+   in place), the lookups below are measured once without input; then bench/loadgen.py (its
+   own process) offers live events at half the rate the two workers drained the backlog at
+   without lookups (`--live-rate` to choose another) while this process measures them again,
+   one request at a time: single-user lookups at the owner, single-user lookups through the
+   non-owner (one forward), and batches of 100 users all owned by the other worker, through
+   the non-owner (one forward per batch), and 100 mixed users.
    Latency is request sent to response read, in this process. The owners' metrics say how
    many of the users they read came from their decoded-user cache and how many from the table.
 
@@ -261,7 +262,7 @@ async def latency(
     return rows
 
 
-async def main_async(args: argparse.Namespace) -> int:
+async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one script
     base = Path(tempfile.mkdtemp(prefix="oracular-lookup-bench-"))
     broker = None
     bootstrap = args.broker
@@ -296,6 +297,8 @@ async def main_async(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + 900
             while await applied(http, urls) < len(events) and time.monotonic() < deadline:
                 await asyncio.sleep(1.0)  # the latency phase starts with the backlog drained
+            say("latency idle (no input)")
+            idle = await latency(http, urls, owners, users)
         live_rate = args.live_rate or half_rate(rows)
         say(f"latency with live load {live_rate:.0f} events/s")
         out = base / "loadgen.msgpack"
@@ -327,7 +330,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 worker.stop()
         if broker is not None:
             broker.stop(wipe=True)
-    report(args, rows, table, offered=live_rate, live=live, sources=sources)
+    report(args, rows, table, idle, offered=live_rate, live=live, sources=sources)
     return 0
 
 
@@ -356,6 +359,7 @@ def report(
     args: argparse.Namespace,
     rows: dict[str, list[dict[str, Any]]],
     table: list[tuple[str, tuple[float, float, float], int]],
+    idle: list[tuple[str, tuple[float, float, float], int]],
     *,
     offered: float,
     live: float,
@@ -383,11 +387,15 @@ def report(
     )
     print(
         f"| lookup (2 workers; live input offered at {offered:,.0f} events/s, applied "
-        f"{live:,.0f}/s) | p50 ms | p99 ms | max ms | requests |"
+        f"{live:,.0f}/s) | p50 ms | p99 ms | max ms | requests | idle p50 / p99 ms "
+        "| p99 under load / idle |"
     )
-    print("|---|---:|---:|---:|---:|")
-    for label, (p50, p99, top), count in table:
-        print(f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for (label, (p50, p99, top), count), (_, (i50, i99, _), _) in zip(table, idle, strict=True):
+        print(
+            f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} | {i50:.2f} / {i99:.2f} "
+            f"| {p99 / i99:.1f} |"
+        )
     read = ", ".join(f"{n:,.0f} from the {s}" for s, n in sorted(sources.items()))
     print(f"\nusers read by the owners during the latency phase: {read or 'not reported'}\n")
     print(
