@@ -107,7 +107,10 @@ def main(argv: list[str]) -> int:
             "streams.lookup_process: started by the worker (LISTEN_FD CHANNEL_FD)", file=sys.stderr
         )
         return 2
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops us (closes the channel)
+    # The worker stops it by closing the channel: a Ctrl-C or a SIGTERM sent to the whole
+    # process group must not take the API down before the worker (which would restart it).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     listen = socket.socket(fileno=int(argv[0]))
     sock = socket.socket(fileno=int(argv[1]))
     with contextlib.suppress(ImportError):

@@ -348,8 +348,10 @@ class Feed:
         self.args, self.listen, self.node, self.metrics = args, listen, node, metrics
         self.channel: Channel | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self.copies: dict[int, Any] = {}
-        """partition -> the database object whose full copy was sent (or is being sent)."""
+        self.copies: dict[int, int] = {}
+        """partition -> id() of the database whose full copy was sent (or is being sent). Not
+        the database itself: a reference kept here would outlive Faust's close of it, and a
+        RocksDB handle freed at the interpreter's exit crashed the worker (SIGSEGV)."""
         self.ready = asyncio.Event()
         self.stopping = False
         self.restarts = 0
@@ -448,13 +450,13 @@ class Feed:
         """A full copy of each database opened since the last look (a reopened one again);
         DROP for each one closed."""
         dbs = self.node.databases()
-        for partition in [p for p in self.copies if dbs.get(p) is not self.copies[p]]:
+        for partition in [p for p in self.copies if id(dbs.get(p)) != self.copies[p]]:
             del self.copies[partition]
             channel.send([DROP, partition])
         for partition, db in dbs.items():
             if partition in self.copies:
                 continue
-            self.copies[partition] = db
+            self.copies[partition] = id(db)
             channel.send([BEGIN, partition])
             try:
                 for chunk in chunks(db, SYNC_CHUNK):
@@ -487,6 +489,7 @@ class Feed:
 
     async def stop(self) -> None:
         self.stopping = True
+        self.copies.clear()
         if self.channel is not None:
             self.channel.close()
         if self.task is not None:
