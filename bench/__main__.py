@@ -249,7 +249,7 @@ def main() -> int:
     parser.add_argument(
         "--realistic-events", type=int, default=50_000, help="offline: realistic stream events"
     )
-    parser.add_argument("--realistic-users", type=int, default=3_000, help="offline: its users")
+    parser.add_argument("--realistic-users", type=int, default=1_000, help="offline: its users")
     parser.add_argument(
         "--realistic-runs", type=int, default=5, help="offline: runs of replay and engine"
     )

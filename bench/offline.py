@@ -236,7 +236,7 @@ def main() -> None:
         prog="python -m bench.offline", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--events", type=int, default=50_000)
-    parser.add_argument("--users", type=int, default=3_000)
+    parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--profile", action="store_true", help="cProfile one replay instead")

@@ -15,7 +15,7 @@ from engine import Replayer
 from schemas.config import load_config
 from schemas.events import IgnoredMessage, decode_event
 
-EVENTS, USERS = 6_000, 300
+EVENTS, USERS = 6_000, 120
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +95,7 @@ def test_a_seed_gives_the_same_bytes_and_another_seed_others(config, stream):
     assert again.sessions == stream.sessions
     other = realistic_stream(config, EVENTS, USERS, seed=6)
     assert other.messages != stream.messages
+
+
+def test_users_come_back_for_several_sessions(stream):
+    assert len(stream.sessions) >= 2 * USERS  # 6,000 events of 120 users: about 3 each
