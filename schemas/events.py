@@ -288,7 +288,8 @@ def _from_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) ->
     if len(user) > MAX_STRING:
         msg = f"field {field!r} is longer than {MAX_STRING} characters ({len(user)})"
         raise DecodeError(msg)
-    _check_unicode(user, field)
+    if not user.isascii():  # ASCII of at most MAX_STRING characters: nothing to refuse
+        _check_unicode(user, field)
     name = SEGMENT_EVENT_TYPES[kind]
     if name is None:
         name = _string(obj, "event")
@@ -339,7 +340,8 @@ def _string(obj: Mapping[str, Any], field: str) -> str:
     if len(value) > MAX_STRING:
         msg = f"field {field!r} is longer than {MAX_STRING} characters ({len(value)})"
         raise DecodeError(msg)
-    _check_unicode(value, field)
+    if not value.isascii():  # ASCII of at most MAX_STRING characters: nothing to refuse
+        _check_unicode(value, field)
     return value
 
 
@@ -354,7 +356,8 @@ def _optional_string(obj: Mapping[str, Any], field: str) -> str | None:
     if not isinstance(value, str) or len(value) > MAX_STRING:
         msg = f"field {field!r} must be a string of at most {MAX_STRING} characters"
         raise DecodeError(msg)
-    _check_unicode(value, field)
+    if not value.isascii():  # ASCII of at most MAX_STRING characters: nothing to refuse
+        _check_unicode(value, field)
     return value
 
 
