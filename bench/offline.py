@@ -4,9 +4,10 @@ Issue 34's first target is a ratio measured in one run: `oracular replay` (the c
 in this process on a file of the realistic stream, its outputs written to /dev/null) against
 the engine alone on the same events (per event one `observe` and one `predict` of the
 config's first intent, the states in a dict). The runs alternate, replay then engine; every
-figure is the median of `--runs`. Also measured: `apply_event` per event (`Replayer`, the
-engine's reference replay), and decoding and encoding the stored states the replay leaves
-(`schemas.stored`, µs per user: what a cache miss, a restore or a cold lookup pays).
+figure is the median of `--runs`, in events per second of this process's CPU time. Also
+measured: `apply_event` per event (`Replayer`, the engine's reference replay), and decoding
+and encoding the stored states the replay leaves (`schemas.stored`, µs per user: what a
+cache miss, a restore or a cold lookup pays).
 
 `--profile` prints cProfile's top functions of one replay instead. `make bench` runs this
 with its defaults and records the section in BENCHMARKS.md.
@@ -120,10 +121,13 @@ def replay(config_path: Path, events_path: Path) -> None:
 
 
 def _seconds(fn: Callable[[], None]) -> float:
+    """The CPU time `fn` takes in this process (`time.process_time`): on these shared
+    two-core machines the wall clock also counts other jobs' turns, which moved wall-clock
+    rates by 2-3x within minutes while the CPU time moved by a few percent."""
     gc.collect()  # the previous run's garbage is not this one's to collect
-    started = time.perf_counter()
+    started = time.process_time()
     fn()
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def stored_values(config_path: Path, events_path: Path) -> list[bytes]:
@@ -141,18 +145,20 @@ def stored_values(config_path: Path, events_path: Path) -> list[bytes]:
 
 
 def state_codec(config: EngineConfig, values: list[bytes], runs: int) -> tuple[float, float]:
-    """(µs to decode a stored user, µs to encode one): medians of `runs` passes over all."""
+    """(µs to decode a stored user, µs to encode one): medians of `runs` passes over all, in
+    CPU time."""
     decodes, encodes = [], []
     for _ in range(runs):
-        started = time.perf_counter()
+        gc.collect()
+        started = time.process_time()
         users = [decode_stored(raw, config) for raw in values]
-        decodes.append((time.perf_counter() - started) * 1e6 / len(values))
+        decodes.append((time.process_time() - started) * 1e6 / len(values))
         for user in users:
             user.packed = None  # a decoded user's first write packs every intent
-        started = time.perf_counter()
+        started = time.process_time()
         for user in users:
             encode_stored(user)
-        encodes.append((time.perf_counter() - started) * 1e6 / len(values))
+        encodes.append((time.process_time() - started) * 1e6 / len(values))
     return statistics.median(decodes), statistics.median(encodes)
 
 
@@ -210,7 +216,9 @@ def section(figures: Figures, runs: int, when: str, command: str) -> str:
             f"users; sessions of {low}-{high} events (mean {mean:.1f}); "
             f"{f.changed:.1%} of the events change a prediction; config "
             f"`bench/realistic.yaml` (3 intents of 12, 8 and 6 signals). Median of {runs} "
-            f"runs, replay and engine alternating. Command: `{command}`.",
+            f"runs, replay and engine alternating; events per second of the process's CPU "
+            "time (`time.process_time`: other jobs on the shared cores do not count). "
+            f"Command: `{command}`.",
             "",
             "| case | what | events/s | ratio to the engine alone |",
             "|---|---|---:|---:|",
