@@ -1,8 +1,11 @@
 """`python -m bench`: measure, print a table, and record it in BENCHMARKS.md.
 
-Two parts, each recorded in its own section between its own markers:
+Three parts, each recorded in its own section between its own markers:
 1. the engine alone (no broker): `--engine-only`;
-2. end to end (bench/e2e.py): the real worker against a local broker the bench starts and
+2. offline on the realistic stream (bench/offline.py, no broker): `oracular replay` against
+   the engine alone on the same Segment JSON events (`bench/realistic.py`), and the stored
+   state's decode and encode per user; run with the engine part (`--engine-only` included);
+3. end to end (bench/e2e.py): the real worker against a local broker the bench starts and
    stops itself: throughput against a raw aiokafka passthrough, with two worker processes
    (`--processes`) and against peers (an idiomatic Faust agent and Quix Streams, bench/peers,
    `--peers`), latency at half that load, restore from the changelog, state size and memory.
@@ -221,6 +224,18 @@ def _e2e(args: argparse.Namespace, command: str) -> None:
         print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
 
 
+def _offline(args: argparse.Namespace, command: str) -> None:
+    from bench import offline  # noqa: PLC0415 - imports the Faust-side shell
+
+    figures = offline.measure(args.realistic_events, args.realistic_users, args.realistic_runs)
+    when = f"{datetime.now(tz=UTC):%Y-%m-%d %H:%M} UTC"
+    section = offline.section(figures, args.realistic_runs, when, command)
+    print(section)
+    if not args.no_record:
+        record(section, offline.BEGIN, offline.END)
+        print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+
+
 def main() -> int:
     """Parse flags, run, print and record."""
     parser = argparse.ArgumentParser(
@@ -231,6 +246,13 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000, help="engine: events")
     parser.add_argument("--users", type=int, default=1_000, help="engine: users")
     parser.add_argument("--runs", type=int, default=5, help="engine: runs per case")
+    parser.add_argument(
+        "--realistic-events", type=int, default=50_000, help="offline: realistic stream events"
+    )
+    parser.add_argument("--realistic-users", type=int, default=1_000, help="offline: its users")
+    parser.add_argument(
+        "--realistic-runs", type=int, default=5, help="offline: runs of replay and engine"
+    )
     part = parser.add_mutually_exclusive_group()
     part.add_argument(
         "--engine-only", action="store_true", help="only the engine benchmarks (no broker needed)"
@@ -290,6 +312,7 @@ def main() -> int:
         if not args.no_record:
             record(section, BEGIN, END)
             print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+        _offline(args, command.strip())
     if not args.engine_only:
         _e2e(args, command.strip())
     return 0

@@ -418,14 +418,16 @@ def write_jsonl(handle: Any, message: dict[str, Any], topic: str) -> None:
     `source_topic`, so `topic` always names the output topic.
     """
     fields = {("source_topic" if k == "topic" else k): v for k, v in message.items()}
-    handle.write(
-        json.dumps(
-            {"topic": topic, **fields},
-            separators=(",", ":"),
-            default=lambda b: b.decode("latin-1"),
-        )
-    )
-    handle.write("\n")
+    handle.write(_JSONL.encode({"topic": topic, **fields}) + "\n")
+
+
+def _latin1(value: bytes) -> str:
+    return value.decode("latin-1")
+
+
+_JSONL: Final = json.JSONEncoder(separators=(",", ":"), default=_latin1)
+"""What `write_jsonl` wrote with `json.dumps(..., separators=(",", ":"), default=...)`, one
+encoder for every line instead of one built per call."""
 
 
 def read_sorted_events(
