@@ -17,6 +17,7 @@ import sys
 
 from streams import api as api_module
 from streams.front import serve
+from streams.memory import GcPolicy
 from streams.replica import (
     APPEND,
     APPEND_TIMEOUT_S,
@@ -82,6 +83,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         app_id=args.app_id,
     )
     channel.send([READY])
+    collector = asyncio.create_task(collect_garbage())
     try:
         async for message in messages:
             kind = message[0]
@@ -97,7 +99,20 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
             else:
                 replica.apply(message)
     finally:
+        collector.cancel()
         await runner.cleanup()
+
+
+async def collect_garbage() -> None:
+    """The worker's collector policy (`GcPolicy`), here too: the decoded users are many
+    long-lived objects, and full collections walking them paused lookups for 100 ms and more
+    with tens of thousands decoded."""
+    memory = GcPolicy(logging.getLogger("oracular.api"))
+    GcPolicy.tune()
+    memory.freeze()
+    while True:
+        await asyncio.sleep(GcPolicy.FREEZE_S)
+        memory.tick()
 
 
 def main(argv: list[str]) -> int:
