@@ -23,8 +23,8 @@ from typing import Any
 
 from schemas.config import load_config
 from schemas.events import encode_event
-from streams.memory import GcPolicy
-from streams.processor import InMessage, Processor, Table
+from streams.runtime.memory import GcPolicy
+from streams.runtime.processor import InMessage, Processor, Table
 
 from .synthetic import clickstream
 

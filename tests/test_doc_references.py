@@ -7,7 +7,7 @@ The product's docs and code cite no file that is not in the repository.
 Checked: every word of an inline code span or a fenced code block, every relative Markdown
 link, and every path in running text (`docs/x.md`, `streams/x.py`, `NAME.md`). A quoted word is
 taken as a repository path when its first segment is a top-level entry of the repository
-(`streams/app.py`, `docs/time.md`, `examples/oracular.yaml`, `Makefile`); a link is resolved
+(`streams/runtime/app.py`, `docs/time.md`, `examples/oracular.yaml`, `Makefile`); a link is resolved
 from its page. Paths under var/ and .cache/ are made at run time and not checked; a `*` in a
 path must match at least one file.
 """

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.front import EVICT_IDLE_S
+from streams.lookup.front import EVICT_IDLE_S
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S
@@ -307,7 +307,9 @@ async def attack_a_worker(
     dep = deployment(kafka, request.node.name, settings={**EVENT_TIME_ONLY, **LIMITS})
     await dep.create_topics()
     argv = ["prlimit", f"--nofile={WORKER_FILES}:{WORKER_FILES}", "--", *dep.argv()]
-    worker = faust_worker("streams.app", app_id=dep.app_id, env=dep.env(), argv=argv).start()
+    worker = faust_worker(
+        "streams.runtime.app", app_id=dep.app_id, env=dep.env(), argv=argv
+    ).start()
     assert worker.process is not None  # prlimit runs the worker in its own process (exec)
     api = Api(api_url(worker))
     events = generate_stream(dep.config, events=40_000, users=400, seed=41)

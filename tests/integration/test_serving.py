@@ -22,7 +22,7 @@ import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from engine import EngineConfig, EngineState, Event, Replayer, predict, timeout_deadline
-from streams.serving import partition_for
+from streams.lookup.serving import partition_for
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker
@@ -53,7 +53,9 @@ API_LINE = re.compile(r"oracular lookup API on \S+, advertised to other workers 
 
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
-    return faust_worker("streams.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
+    return faust_worker(
+        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
+    )
 
 
 def api_url(worker: FaustWorker) -> str:

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from streams.backfill import Backfill, Range
-from streams.processor import InMessage
+from streams.runtime.backfill import Backfill, Range
+from streams.runtime.processor import InMessage
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
 

@@ -1,4 +1,4 @@
-"""The faust-streaming 0.15.3 patches (streams/faust_patches.py), without a broker.
+"""The faust-streaming 0.15.3 patches (streams/faust/patches.py), without a broker.
 
 Faust's real consumer runs its real fetch loop (`_drain_messages`) and its real recovery step
 (`Recovery.on_recovery_completed`) against a scripted partition: a fake aiokafka consumer with a
@@ -38,8 +38,8 @@ from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 from mode.threads import QueueServiceThread, ServiceThread
 
-from streams import faust_patches
-from streams.faust_patches import FAUST_VERSION, FaustVersionError
+from streams.faust import patches as faust_patches
+from streams.faust.patches import FAUST_VERSION, FaustVersionError
 
 INPUT = TP("events", 0)
 CHANGELOG = TP("app-state-changelog", 0)
@@ -808,13 +808,13 @@ def test_the_patched_upstream_source_is_the_one_the_patch_was_written_for(method
     ]
     source = inspect.getsource(original)
     assert hashlib.sha256(source.encode()).hexdigest() == SOURCE_SHA256[method], (
-        f"faust-streaming's {method} changed: re-read it against streams/faust_patches.py"
+        f"faust-streaming's {method} changed: re-read it against streams/faust/patches.py"
     )
 
 
 def test_every_patch_is_applied_once_on_import():
-    """Importing streams.app applies them; applying again changes nothing."""
-    import streams.app  # noqa: F401 - the import is the point
+    """Importing streams.runtime.app applies them; applying again changes nothing."""
+    import streams.runtime.app  # noqa: F401 - the import is the point
 
     assert faust_patches.applied()
     before = dict(faust_patches.ORIGINALS)
@@ -1111,7 +1111,7 @@ async def test_other_apps_keep_fausts_consumer_thread(patched):
 )
 def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, on_loop):
     from schemas.config import load_config
-    from streams.app import create_app
+    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
 
     env = {"ORACULAR_DATADIR": str(tmp_path / "state")}

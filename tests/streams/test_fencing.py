@@ -10,7 +10,7 @@ import pytest
 
 from engine import EngineConfig, create_state
 from schemas.stored import StoredUser, encode_stored, stored_version
-from streams.state_table import fence_stale_changelog_records
+from streams.runtime.state_table import fence_stale_changelog_records
 
 CONFIG = EngineConfig.from_dict({"intents": {"upgrade": {"signals": {"pricing.viewed": 1}}}})
 
@@ -153,7 +153,7 @@ def _fence(app: _App) -> Any:
     """A `Fence` whose lease doubts membership after 0.1 s."""
     from collections import Counter
 
-    from streams.fencing import Fence
+    from streams.runtime.fencing import Fence
 
     return Fence(app, _settings(), Counter())
 
@@ -233,7 +233,7 @@ async def test_a_stall_while_asking_asks_again():
 
 
 async def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
-    from streams.fencing import FrozenWhileWriting
+    from streams.runtime.fencing import FrozenWhileWriting
 
     app = _App([25])  # evicted meanwhile (UnknownMemberId)
     fence = _fence(app)
@@ -267,8 +267,8 @@ async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offse
 
     from faust.types import TP
 
-    from streams.fencing import FrozenWhileWriting
-    from streams.state_table import FaustTable
+    from streams.runtime.fencing import FrozenWhileWriting
+    from streams.runtime.state_table import FaustTable
 
     table = Table()
     table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "cl")  # type: ignore[attr-defined]

@@ -8,9 +8,9 @@ from typing import Any
 from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
-from streams import faust_patches
-from streams.backfill import Backfill
-from streams.positions import Positions
+from streams.faust import patches as faust_patches
+from streams.runtime.backfill import Backfill
+from streams.runtime.positions import Positions
 
 EVENTS = "in"
 

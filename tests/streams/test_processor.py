@@ -12,7 +12,7 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
 from schemas.ticks import encode_tick
-from streams.processor import Batch, InMessage, Processor, Table, TimePolicy
+from streams.runtime.processor import Batch, InMessage, Processor, Table, TimePolicy
 from tests.streams.test_cli_replay import CONFIG
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"

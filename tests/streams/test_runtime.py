@@ -1,7 +1,7 @@
-"""The worker's batch steps (`streams.app._Runtime.run_batch`) in order, with fakes for Faust's
-app and table and for the producer: outputs delivered, then states stored, then the changelog
-handed over; a batch's inputs are acked only once its changelog is acknowledged, and the next
-batch applies and sends its outputs meanwhile but writes no state before that."""
+"""The worker's batch steps (`streams.runtime.app._Runtime.run_batch`) in order, with fakes for
+Faust's app and table and for the producer: outputs delivered, then states stored, then the
+changelog handed over; a batch's inputs are acked only once its changelog is acknowledged, and the
+next batch applies and sends its outputs meanwhile but writes no state before that."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from faust.types import TP
 
 from schemas.config import load_config
 from schemas.stored import decode_stored, encode_stored
-from streams import app as app_module
-from streams import faust_patches
-from streams.processor import Processor, Table
+from streams.faust import patches as faust_patches
+from streams.runtime import app as app_module
+from streams.runtime.processor import Processor, Table
 from streams.settings import settings_from_env
 
 from .test_sending import FakeProducer
@@ -419,7 +419,7 @@ def test_a_retriable_coordinator_error_is_logged_as_info():
 
     from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
 
-    from streams.app import _TransientCoordinatorErrors
+    from streams.runtime.app import _TransientCoordinatorErrors
 
     def record(err: Exception) -> logging.LogRecord:
         return logging.LogRecord(

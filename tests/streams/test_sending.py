@@ -1,5 +1,5 @@
-"""`streams.sending`: `hand_over` fills record batches per partition, in order; `acknowledged`
-waits for them and gives the last offsets."""
+"""`streams.runtime.sending`: `hand_over` fills record batches per partition, in order;
+`acknowledged` waits for them and gives the last offsets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams import faust_patches
-from streams.sending import acknowledged, hand_over, no_check
+from streams.faust import patches as faust_patches
+from streams.runtime.sending import acknowledged, hand_over, no_check
 
 
 class FakeBatch:
@@ -161,7 +161,7 @@ async def test_the_workers_record_batches_take_a_backlogs_states(tmp_path):
     few record batches per partition, not dozens of Faust's default 16 KiB: aiokafka hands a
     partition's next batch over only once the one before it is on its way."""
     from schemas.config import load_config
-    from streams.app import PRODUCER_BATCH_BYTES, create_app
+    from streams.runtime.app import PRODUCER_BATCH_BYTES, create_app
     from streams.settings import settings_from_env
 
     settings = settings_from_env({"ORACULAR_DATADIR": str(tmp_path / "state")})

@@ -16,8 +16,8 @@ from engine import END_OF_TIME, EngineConfig, Event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored, encode_stored
 from schemas.ticks import encode_tick
-from streams.offline import replay_outputs
-from streams.processor import Batch, InMessage, Processor, TimePolicy
+from streams.runtime.processor import Batch, InMessage, Processor, TimePolicy
+from streams.tools.replay import replay_outputs
 
 from .test_processor import DictTable
 
@@ -293,7 +293,7 @@ def test_an_unreadable_stored_state_quarantines_the_user_and_keeps_the_state():
 
 
 def test_an_unexpected_error_is_dead_lettered_at_the_message(monkeypatch):
-    import streams.processor as processor_module
+    import streams.runtime.processor as processor_module
 
     live = Live(TimePolicy())
     real = processor_module.apply_event
