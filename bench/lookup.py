@@ -48,7 +48,7 @@ from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, hel
 from infra.broker import start_broker
 from schemas.config import load_config
 from streams.lookup.serving import partition_for
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
 
 WINDOW_S = 8.0
 CLIENTS = 4

@@ -40,7 +40,7 @@ from typing import Final
 
 # Shared with the tests' and the benchmarks' worker processes.
 from infra.processes import LOG_TAIL_LINES, rss_bytes, tail, tied_to_parent
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
 
 # Topic creation, the readiness probe and BrokerError live in streams.tools.admin: the installed
 # worker needs them too, and infra/ is not installed.

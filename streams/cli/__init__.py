@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from engine import ConfigError
 from streams.cli import kafka as cli_kafka
 from streams.cli import offline as cli_offline
-from streams.cli.common import EXIT_USAGE, Parser, fail
+from streams.cli.common import Parser, fail
 from streams.settings import SettingsError
+from streams.settings.exits import EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

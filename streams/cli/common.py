@@ -12,18 +12,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from schemas.files import CsvColumns
+from streams.settings import Settings, flag_values, load_settings
+from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 
 Command = Callable[[argparse.Namespace], int]
-
-EXIT_USAGE = 2
-"""Bad flags, settings, config or input file (docs/tools.md "Exit codes")."""
-EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker is not there or refused
-"""The broker (or a worker's API) is not there, refused, or a topic is missing."""
-EXIT_REFUSED = 1
-"""Refused (a consumer group with active members, the default prefix without --yes), or a
-backfill interrupted before its end."""
-EXIT_NOTHING = 1
-"""The id or prefix given matches nothing (`reset`, `topics delete`): probably a typo."""
 
 
 def fail(command: str, what: str, todo: str, code: int = EXIT_USAGE) -> int:
@@ -122,9 +114,9 @@ WORKER_SETTINGS = (
 flag's name, help and variable); --config comes first, on its own."""
 
 
-def load_settings(
+def command_settings(
     args: argparse.Namespace, sources: dict[str, str] | None = None, **overrides: str | None
-) -> Any:
+) -> Settings:
     """The settings of a command: defaults <- ORACULAR_* <- the setting flags in `args` <-
     `overrides` (setting name -> text; `sources` names the flag each came from, for
     messages). Nothing is written to the environment.
@@ -133,17 +125,15 @@ def load_settings(
         SettingsError: the settings' problems, one per line (`streams.cli.main` prints them
             and exits EXIT_USAGE).
     """
-    from streams import settings
-
-    flags = {**settings.flag_values(args), **overrides}
-    return settings.load_settings(flags=flags, sources=sources)
+    flags = {**flag_values(args), **overrides}
+    return load_settings(flags=flags, sources=sources)
 
 
-def kafka_settings(args: argparse.Namespace) -> Any:
+def kafka_settings(args: argparse.Namespace) -> Settings:
     """Settings from the environment, with --broker (produce, tail, reset) and --topic-prefix
     (tail) applied; a command's other flags are its own, not settings."""
     flags = {name: getattr(args, name, None) for name in ("broker", "topic_prefix")}
-    return load_settings(argparse.Namespace(**flags))
+    return command_settings(argparse.Namespace(**flags))
 
 
 def unavailable(command: str, exc: BaseException) -> int:
@@ -200,11 +190,6 @@ def csv_arguments(parser: argparse.ArgumentParser) -> None:
 def columns(args: argparse.Namespace) -> CsvColumns:
     """The CSV column mapping of --user-col/--event-col/--time-col."""
     return CsvColumns(user=args.user_col, event=args.event_col, time=args.time_col)
-
-
-ORDER_WINDOW_S = 2.0
-"""`oracular tail --order-window` default (streams.tools.kafkatools.EventTimeOrder); here so that
-the command line's help needs no aiokafka."""
 
 
 def _number(text: str, kind: type[int] | type[float], least: float, strict: bool) -> Any:

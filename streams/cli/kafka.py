@@ -14,18 +14,15 @@ from typing import Any
 
 from schemas.config import load_config
 from streams.cli.common import (
-    EXIT_NOTHING,
-    EXIT_REFUSED,
     INPUT_TODO,
-    ORDER_WINDOW_S,
     WORKER_SETTINGS,
     columns,
+    command_settings,
     did_you_mean,
     fail,
     input_arguments,
     kafka_command,
     kafka_settings,
-    load_settings,
     non_negative_float,
     positive_float,
     positive_int,
@@ -34,8 +31,10 @@ from streams.cli.common import (
     unreadable_input,
     usage_error,
 )
+from streams.runtime.progress import Progress
 from streams.settings import add_flag
-from streams.tools.progress import Progress
+from streams.settings.exits import EXIT_NOTHING, EXIT_REFUSED
+from streams.tools.pretty import ORDER_WINDOW_S
 
 
 def register(commands: Any) -> None:
@@ -389,7 +388,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     from streams.tools.admin import prepare_deployment
 
-    settings = load_settings(args)
+    settings = command_settings(args)
     config = load_config(settings.config_path)
     asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
     if args.processes > 1:
@@ -505,8 +504,8 @@ def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> i
     captured here, each with its own datadir; progress from the group's committed offsets."""
     import time
 
-    from streams.runtime.backfill import committed_offsets
     from streams.settings import as_environment, flag_values
+    from streams.tools.backfill import committed_offsets
     from streams.tools.kafkatools import run
     from streams.tools.processes import child_environments, main_env, run_processes
 
@@ -568,7 +567,7 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
     import time
 
     # A SettingsError goes to streams.cli.main, which reports every problem.
-    settings = load_settings(args)
+    settings = command_settings(args)
     overrides: dict[str, str | None] = {}
     if args.app_id is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -582,7 +581,7 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
         ):
             overrides[f"topic_{role}"] = spec.name + args.output_suffix
     sources = {name: "--output-suffix" for name in overrides if name.startswith("topic_")}
-    settings = load_settings(args, sources, **overrides)
+    settings = command_settings(args, sources, **overrides)
     if args.since is None:
         return settings, None
     return settings, time_flag(args.since, "--since")
@@ -591,8 +590,8 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
 def _prepare_backfill(settings: Any, since: int | None) -> Any:
     """Check the broker, the input topic and the app id, capture the range, create outputs,
     commit --since."""
-    from streams.runtime.backfill import capture_range, check_fresh, commit_start
     from streams.tools.admin import prepare_deployment
+    from streams.tools.backfill import capture_range, check_fresh, commit_start
     from streams.tools.kafkatools import run
 
     client = settings.client_kwargs()
@@ -618,8 +617,8 @@ def run_produce(args: argparse.Namespace) -> int:
     import time
 
     from schemas.files import EventFileError, file_format
-    from streams.runtime.backfill import capture_range
     from streams.settings import BY_NAME
+    from streams.tools.backfill import capture_range
     from streams.tools.kafkatools import produce_events, read_events, run
     from streams.tools.pretty import plural
 
@@ -824,7 +823,7 @@ def run_query(args: argparse.Namespace) -> int:
 
     from streams.lookup.query import QueryError, default_url, lookup, render
 
-    settings = load_settings(argparse.Namespace())  # ORACULAR_API_URL/_HOST/_PORT/_TOKEN
+    settings = command_settings(argparse.Namespace())  # ORACULAR_API_URL/_HOST/_PORT/_TOKEN
     try:
         body = lookup(
             args.url or default_url(settings),

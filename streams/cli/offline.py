@@ -20,7 +20,6 @@ from schemas.files import (
 )
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
 from streams.cli.common import (
-    EXIT_USAGE,
     INPUT_TODO,
     columns,
     fail,
@@ -34,7 +33,8 @@ from streams.runtime.processor import DLQ as DLQ_ROLE
 from streams.runtime.processor import EPISODES as EPISODES_ROLE
 from streams.runtime.processor import PREDICTIONS as PREDICTIONS_ROLE
 from streams.runtime.processor import Output
-from streams.tools.progress import Progress
+from streams.runtime.progress import Progress
+from streams.settings.exits import EXIT_USAGE
 from streams.tools.replay import OfflineRun, encoded_state
 
 

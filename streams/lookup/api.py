@@ -50,7 +50,6 @@ from yarl import URL
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
 from schemas.stored import StoredUser
-from streams.cli.common import EXIT_USAGE
 from streams.faust import patches as faust_patches
 from streams.lookup.front import Guard, GuardedHandler, Limits, internal_error, serve
 from streams.lookup.metrics import (
@@ -69,7 +68,6 @@ from streams.lookup.serving import (
     BatchItem,
     PartitionView,
     PeerAnswerError,
-    Peers,
     Route,
     UserRead,
     answer,
@@ -91,6 +89,9 @@ from streams.lookup.serving import (
 )
 from streams.runtime import processor as processor_module
 from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
+from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+from streams.settings.peers import Peers
+from streams.settings.topics import STATE_TABLE
 
 log = logging.getLogger("oracular.api")
 
@@ -100,7 +101,6 @@ users. By time, not by count: a user from the cache costs a few hundredths of a 
 one decoded from the table several times that; and each time the loop runs, the thread lets
 go of the GIL and may wait up to the switch interval for the worker's thread to hand it back,
 so a batch of 100 from the cache (~4 ms) is answered in one go."""
-EXIT_UNAVAILABLE = 69
 MAX_PEER_ANSWER_BYTES = 16 << 20
 """Largest answer taken from another worker (a batch of 1,000 with explanations is ~2 MiB)."""
 RESOLVE_TTL_S = 60.0
@@ -776,8 +776,6 @@ class FaustNode:
     """`Node` over the running Faust app: assignment, table copies, lag, the producer."""
 
     def __init__(self, app: Any, runtime: Any, me: str) -> None:
-        from streams.runtime.app import STATE_TABLE  # noqa: PLC0415 - streams.runtime.app imports this module
-
         self.app, self.runtime, self.me = app, runtime, me
         settings: Settings = runtime.settings
         self.settings = settings
@@ -933,12 +931,6 @@ class FaustNode:
         sent = await self.app.producer.send(self.events_topic, key, value, partition, None, None)
         metadata = await sent
         return int(metadata.partition), int(metadata.offset)
-
-
-def _state_table() -> str:
-    from streams.runtime.app import STATE_TABLE  # noqa: PLC0415 - streams.runtime.app imports this module
-
-    return STATE_TABLE
 
 
 class ApiService(Service):
@@ -1177,7 +1169,7 @@ def install_serving(app: Any, runtime: Any) -> Api:
     # Faust applies a standby's changelog records in batches of this many (default 1,000, with
     # no time bound): a stale read could trail the owner by that many writes. One at a time,
     # a standby trails only by the changelog's replication delay.
-    node_table = app.tables[_state_table()]
+    node_table = app.tables[STATE_TABLE]
     node_table.standby_buffer_size = 1
     node = FaustNode(app, runtime, url)
     api = Api(

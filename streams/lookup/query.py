@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from streams.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
 from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
+from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from faust.types import TP
 from engine import EngineConfig
 from schemas.config import load_config
 from schemas.ticks import encode_tick
-from streams.cli.common import EXIT_USAGE
 from streams.faust import patches as faust_patches  # applied on import: every worker runs patched
 from streams.runtime.backfill import Backfill
 from streams.runtime.datadir import DatadirError
@@ -48,10 +47,11 @@ from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Pro
 from streams.runtime.sending import Sent, acknowledged, hand_over
 from streams.runtime.state_table import FaustTable, fence_stale_changelog_records
 from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
+from streams.settings.exits import EXIT_USAGE
+from streams.settings.topics import STATE_TABLE
 
 log = logging.getLogger("oracular.worker")
 
-STATE_TABLE = "oracular-state"
 PRODUCER_BATCH_BYTES: Final = 256 * 1024
 """Largest record batch the worker fills per partition (Faust's default is 16 KiB). A write of
 a backlog's held states (a few thousand changelog records of 1-2 KiB) came to dozens of

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
+from streams.settings.peers import Peers
 from streams.settings.topics import ProductTopics, declare_topics
 
 DEFAULT_BROKER: Final = "127.0.0.1:9092"
@@ -570,8 +571,6 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
         where = label("api_token_file") if settings.api_token_file else label("api_token")
         problems.append(f"{where}: the token must be printable, without spaces")
     if settings.api_peers is not None:
-        from streams.lookup.serving import Peers  # noqa: PLC0415 - the engine, only when it is set
-
         try:
             Peers.parse(settings.api_peers)
         except ValueError as exc:
@@ -634,6 +633,16 @@ def markdown_table() -> str:
             f"{row.help.replace('<', '&lt;')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def product_topics(env: Mapping[str, str] | None = None) -> ProductTopics:
+    """The product's topics as the settings in `env` declare them (default: the process
+    environment), read by `load_settings` like every other setting.
+
+    Raises:
+        ValueError: a bad name or partition count, naming the variable.
+    """
+    return load_settings(env).topics
 
 
 def _fields_match_the_table() -> None:

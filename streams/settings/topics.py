@@ -20,11 +20,16 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 DEFAULT_PREFIX = "oracular"
 DEFAULT_PARTITIONS = 8
 # Kafka's rule for topic names (kafka.common.internals.Topic).
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+STATE_TABLE: Final = "oracular-state"
+"""The worker's state table; its changelog topic is `<app id>-oracular-state-changelog`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +72,6 @@ class ProductTopics:
 
     def __iter__(self) -> Iterator[TopicSpec]:
         return iter((self.events, self.ticks, self.predictions, self.episodes, self.dlq))
-
-
-def partitions_from_env(env: Mapping[str, str]) -> int:
-    """ORACULAR_PARTITIONS as `streams.settings.load_settings` reads it (default 8)."""
-    return product_topics(env).events.partitions
-
-
-def product_topics(env: Mapping[str, str] | None = None) -> ProductTopics:
-    """The product's topics as the settings in `env` declare them (default: the process
-    environment), read by `streams.settings.load_settings` like every other setting.
-
-    Raises:
-        ValueError: a bad name or partition count, naming the variable.
-    """
-    from streams.settings import load_settings  # noqa: PLC0415 - settings imports this module
-
-    return load_settings(env).topics
 
 
 def declare_topics(

@@ -22,10 +22,9 @@ from engine import Event
 from schemas.events import encode_event
 from schemas.files import CsvColumns, FileFormat, read_lines, write_jsonl
 from schemas.outputs import decode_output
-from streams.cli.common import ORDER_WINDOW_S
+from streams.runtime.progress import Progress
 from streams.tools.admin import BrokerError, no_broker_message, quiet_aiokafka
-from streams.tools.pretty import Filter, Tally, event_time, format_message
-from streams.tools.progress import Progress
+from streams.tools.pretty import ORDER_WINDOW_S, Filter, Tally, event_time, format_message
 
 
 def read_events(

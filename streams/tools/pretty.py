@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+ORDER_WINDOW_S = 2.0
+"""`oracular tail --order-window` default (`streams.tools.kafkatools.EventTimeOrder`); here, in a
+module without aiokafka, so that the command line's help needs none."""
+
 USER_WIDTH = 10
 EVENT_WIDTH = 22
 

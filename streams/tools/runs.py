@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.settings.topics import STATE_TABLE
 from streams.tools.admin import BrokerError, quiet_aiokafka
 
 
@@ -33,10 +34,9 @@ class TopicInfo:
         return owner(self.name)
 
 
-INTERNAL_MARKERS = ("-__", "-oracular-state-changelog")
+INTERNAL_MARKERS = ("-__", f"-{STATE_TABLE}-changelog")
 """What follows the app id in its internal topics' names: Faust's own (`-__assignor-__leader`)
-and the state table's changelog (`-<streams.runtime.app.STATE_TABLE>-changelog`; not imported, which
-would load Faust)."""
+and the state table's changelog."""
 
 
 def owner(name: str) -> str:

@@ -41,8 +41,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from engine import Event
 from schemas.stored import decode_stored
-from streams.runtime.app import STATE_TABLE
 from streams.runtime.faults import KillSwitch
+from streams.settings.topics import STATE_TABLE
 
 from .conftest import WorkerFactory
 from .support import FaustWorker, Record, wait_killed

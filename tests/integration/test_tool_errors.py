@@ -12,8 +12,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.broker import REPO_ROOT
-from streams.cli.common import EXIT_UNAVAILABLE
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
+from streams.settings.exits import EXIT_UNAVAILABLE
 from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 

@@ -19,7 +19,7 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from streams.runtime.app import TIMER_CLOSES_PER_BATCH
 from streams.runtime.datadir import MARKER
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
 from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from infra.broker import REPO_ROOT
-from streams.cli.common import EXIT_NOTHING, EXIT_REFUSED
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
+from streams.settings.exits import EXIT_NOTHING, EXIT_REFUSED
 from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 

@@ -28,9 +28,9 @@ from schemas.config import load_config
 from schemas.events import encode_event as schema_encode_event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
-from streams.runtime.app import STATE_TABLE
 from streams.runtime.processor import EPISODES, PREDICTIONS
-from streams.settings.topics import ProductTopics, product_topics
+from streams.settings import product_topics
+from streams.settings.topics import STATE_TABLE, ProductTopics
 from streams.tools.admin import ensure_topics_async
 from streams.tools.replay import replay_outputs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from streams.cli import _parser, main
-from streams.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
+from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from tests.cli import run_oracular
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +227,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_uses_carriage_returns_only_on_a_terminal():
-    from streams.tools.progress import Progress
+    from streams.runtime.progress import Progress
 
     for stream, control in ((io.StringIO(), False), (_Terminal(), True)):
         progress = Progress("backfill", total=10, unit="messages", stream=stream)

@@ -31,8 +31,9 @@ from hypothesis import strategies as st
 
 from schemas.config import load_config
 from streams.lookup.front import EVICT_IDLE_S, EVICT_PARTIAL_S, Limits
-from streams.lookup.serving import MAX_JSON_DEPTH, Peers, partition_for
+from streams.lookup.serving import MAX_JSON_DEPTH, partition_for
 from streams.settings import APP_HEADER
+from streams.settings.peers import Peers
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_serving import Worker, start_worker, user_on
 

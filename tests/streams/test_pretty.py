@@ -8,7 +8,7 @@ import pytest
 
 from schemas.outputs import dlq_message
 from streams.cli.kafka import tail_topic_names
-from streams.settings.topics import product_topics
+from streams.settings import product_topics
 from streams.tools.kafkatools import _decode, _json_line
 from streams.tools.pretty import Tally, duration, format_message, iso, kind
 
@@ -224,7 +224,7 @@ def test_tail_filters_by_user_intent_and_reveal():
 
 
 def test_topics_list_groups_internal_topics_with_their_app_id():
-    from streams.runtime.app import STATE_TABLE
+    from streams.settings.topics import STATE_TABLE
     from streams.tools.runs import belongs, owner
 
     assert owner("demo-1.events") == owner("demo-1.predictions.bf") == "demo-1"

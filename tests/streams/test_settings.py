@@ -15,7 +15,6 @@ import pytest
 
 from streams import settings as settings_module
 from streams.cli import _parser, main
-from streams.cli.common import EXIT_USAGE
 from streams.settings import (
     SETTINGS,
     Settings,
@@ -25,6 +24,7 @@ from streams.settings import (
     load_settings,
     markdown_table,
 )
+from streams.settings.exits import EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "oracular.yaml"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.settings.topics import TopicSpec, product_topics
+from streams.settings import product_topics
+from streams.settings.topics import TopicSpec
 
 
 def test_defaults() -> None:
