@@ -1198,15 +1198,6 @@ def install_serving(app: Any, runtime: Any) -> Api:
     async def assigned(sender: Any, *_: Any, **__: Any) -> None:
         node.assigned_once = True
 
-    run_batch = runtime.run_batch
-
-    async def timed_batch(events: list[Any]) -> None:
-        started = time.perf_counter()
-        try:
-            await run_batch(events)
-        finally:
-            api.metrics.batch(time.perf_counter() - started, len(events))
-
-    runtime.run_batch = timed_batch
+    runtime.time_batches(api.metrics.batch)
     runtime.api = api
     return api

@@ -4,29 +4,21 @@ Run it with `oracular worker --config FILE` (or `faust -A streams.runtime.app wo
 `ORACULAR_*` environment variables of `streams/settings/`).
 
 The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
-`streams.runtime.processor.Processor` decide everything, then:
-1. publishes the batch's outputs; the broker's acknowledgement is awaited by the next batch,
-   after it applied (or by an empty batch when no input waits), so the round trip overlaps it;
-2. once the broker has them all, writes each changed user's state once (one changelog record
-   per user per batch; while a backlog waits, once for the batches applied within
-   `ORACULAR_STATE_WRITE_INTERVAL_S`);
-3. once the changelog records are acknowledged, acks the batch's messages, so their offsets
-   may be committed.
-In that order, a stored state that records an input as applied implies its outputs were
-delivered, so skipping redelivered inputs (offset <= the user's last applied offset) never
-loses an output; a crash before (2) re-applies the batch and re-sends outputs with the same ids.
-Messages are taken a batch at a time and acked by hand (`faust_patches.take_batches`): a batch
-interrupted by a crash or shutdown is never committed.
+`streams.runtime.processor.Processor` decide everything, then hands the batch to
+`streams.runtime.commit.BatchCommit`, which publishes its outputs, writes its states once the
+broker has them, and acks its messages once their changelog records are acknowledged (the
+order, and the invariant each step keeps, are in its docstring). Messages are taken a batch at
+a time and acked by hand (`faust_patches.take_batches`): a batch interrupted by a crash or
+shutdown is never committed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import faust
 from faust.types import TP
@@ -36,15 +28,15 @@ from schemas.config import load_config
 from schemas.ticks import encode_tick
 from streams.faust import patches as faust_patches  # applied on import: every worker runs patched
 from streams.runtime.backfill import Backfill
+from streams.runtime.commit import BatchCommit, Progress
 from streams.runtime.datadir import DatadirError
 from streams.runtime.datadir import prepare as prepare_datadir
 from streams.runtime.faults import KillSwitch
-from streams.runtime.fencing import Fence, FrozenWhileWriting
+from streams.runtime.fencing import Fence
 from streams.runtime.gapfill import GapFiller, fill_holes
 from streams.runtime.memory import GcPolicy
 from streams.runtime.positions import Positions
 from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
-from streams.runtime.sending import Sent, acknowledged, hand_over
 from streams.runtime.state_table import FaustTable, fence_stale_changelog_records
 from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
 from streams.settings.exits import EXIT_USAGE
@@ -201,9 +193,9 @@ def create_app(
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
-        runtime.buffered = lambda: faust_patches.buffered(stream)
+        runtime.commit.buffered = lambda: faust_patches.buffered(stream)
         batches = faust_patches.take_batches(
-            stream, settings.batch_max, settings.batch_window_s, lambda: bool(runtime.held)
+            stream, settings.batch_max, settings.batch_window_s, runtime.commit.holding
         )
         try:
             async for events in batches:
@@ -243,9 +235,10 @@ def create_app(
 
 
 class _Runtime:
-    """The agent's and timers' bodies, with what they share. Batch application is here;
-    fencing (`Fence`), positions (`Positions`), memory (`GcPolicy`), backfill progress
-    (`Backfill`) and crash tests (`KillSwitch`) are parts of their own."""
+    """The agent's and timers' bodies, with what they share. A batch is applied here and
+    committed by `BatchCommit` (streams/runtime/commit.py); fencing (`Fence`), positions
+    (`Positions`), memory (`GcPolicy`), backfill progress (`Backfill`) and crash tests
+    (`KillSwitch`) are parts of their own."""
 
     def __init__(
         self,
@@ -260,48 +253,66 @@ class _Runtime:
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
         self.settings = settings
-        self.output_names = outputs
         self.backfill = backfill
         self.events_topic = settings.topics.events.name
+        self.ticks_topic = settings.topics.ticks.name
         self.positions = Positions(app, processor, self.events_topic, backfill)
-        self.fence = Fence(app, settings, processor.counts)
+        self.fence = Fence(
+            app,
+            session_timeout_s=settings.session_timeout_s,
+            ticks_topic=self.ticks_topic,
+            on_fenced=processor.note_fenced_batch,
+        )
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy(log)
+        self.commit = BatchCommit(
+            _FaustHost(app),
+            processor,
+            table,
+            self.fence,
+            outputs,
+            write_interval_s=settings.state_write_interval_s,
+            batch_max=settings.batch_max,
+            faults=self.faults,
+            progress=None if backfill is None else self._backfill_progress,
+        )
         self.repairs: dict[int, set[bytes]] = {}
         self.ticks = ticks
         """The ticks topic (Faust's), which the timer's ticks are sent to."""
         self.gaps = GapFiller(settings.broker, settings.client_kwargs())
-        self._finishing: asyncio.Future[None] | None = None
-        """The last batch's `_finish`, while its changelog records are on their way."""
-        self._outputs: Sent = []
-        """The last batch's outputs, handed to the producer: its states (held) are written
-        once the broker has them all (`_outputs_delivered`)."""
-        self.held: list[Any] = []
-        """Events of applied batches whose states are not written yet (`_may_defer`): acked
-        once they are, with the messages they came as (a backfill's progress)."""
-        self._held_messages: list[InMessage] = []
-        self._held_since = 0.0
-        self._held_generation: int | None = None
-        self.buffered: Callable[[], int] = lambda: 0
-        """Events waiting in the agent's buffer (set by the agent)."""
+        self.batch_timers: list[Callable[[float, int], None]] = []
+        """Told each batch's seconds and events (`time_batches`)."""
         self._last_summary = (time.monotonic(), 0)
 
+    def time_batches(self, timer: Callable[[float, int], None]) -> None:
+        """Call `timer(seconds, events)` after every batch (the lookup API's metrics)."""
+        self.batch_timers.append(timer)
+
     async def run_batch(self, events: list[Any]) -> None:
-        """Apply a batch and hand its outputs to the producer; its states are written once
-        the broker has the outputs, which the next batch (or, when none comes at once, an
-        empty one) waits for after applying, so the round trip overlaps the next batch's
-        window and apply. The changelog's delivery is finished by a task (`_finish`), which
-        acks the events then. While a backlog waits, the states of a few batches are written
-        together instead (`_may_defer`). Every message is applied, skipped as a duplicate or
-        dead-lettered; none is acked when the worker fenced itself (streams/runtime/fencing.py). No
-        events: write what is held."""
-        fence = self.fence
+        """One batch, timed for `time_batches`."""
+        if not self.batch_timers:
+            await self._run_batch(events)
+            return
+        started = time.perf_counter()
+        try:
+            await self._run_batch(events)
+        finally:
+            took = time.perf_counter() - started
+            for timer in self.batch_timers:
+                timer(took, len(events))
+
+    async def _run_batch(self, events: list[Any]) -> None:
+        """Apply a batch and commit it (`BatchCommit.commit`: its outputs handed over now, its
+        states written once the broker has them, its events acked once their changelog is).
+        Every message is applied, skipped as a duplicate or dead-lettered; none is acked when
+        the worker fenced itself (streams/runtime/fencing.py). No events: write what is
+        held."""
+        commit = self.commit
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if not events:
-            await self.write_held()
+            await commit.write_held()
             return
-        if fence.dropping(generation, events):
-            await self.finished()
+        if not await commit.admit(generation, events):
             return
         clock = _StageClock()
         batch = self.processor.batch(self.table)
@@ -310,220 +321,36 @@ class _Runtime:
         messages = await fill_holes(
             self.gaps, messages, dict(self.processor.next_offset), self.events_topic
         )
-        self.processor.counts["refetched"] = self.gaps.filled
+        self.processor.note_refetched(self.gaps.filled)
         self.processor.run_batch(batch, messages, self.positions.caught_up, _wall_ms)
         if self.processor.more_due:  # a mass of due closes goes on at once, batch by batch:
             await self.tick_again()  # the next tick travels while this batch is written
         clock.lap("apply")
-        # The outputs go out at once (in record batches, streams/runtime/sending.py): a prediction
-        # waits for nothing of an earlier batch. The fence is asked first, as before any
-        # write: a worker frozen long enough to have lost its partitions sends nothing.
-        if not await fence.may_write(generation):
-            self._fenced(generation, events)
-            return
-        producer = faust_patches.kafka_producer(self.app)
-        names = self.output_names
-        sending = await hand_over(
-            producer, [(names[o.role], None, o.key, o.value) for o in batch.outputs]
-        )
-        clock.lap("outputs")
-        # The previous changelog was on its way while this batch applied (it read those states
-        # from the cache and the store, written before). It must be acknowledged before this
-        # batch may write states: the fence's checks below cover the time since its records
-        # were queued only when nothing of them is still on the way.
-        try:
-            await self.finished()
-            clock.lap("previous changelog")
-            if not await fence.may_write(generation):
-                _forget(sending)
-                self._fenced(generation, events)
-                return
-            # The previous batch's outputs travelled meanwhile: once the broker has them, the
-            # states held so far may be written (now, or with later ones while a backlog
-            # waits).
-            await self._outputs_delivered()
-        except BaseException:
-            _forget(sending)  # the worker stops or fences itself: whoever re-applies re-sends
-            raise
-        writes = 0
-        if self.held and not self._may_defer(generation):
-            writes = await self._write(generation)
-        clock.lap("states")
-        # The batch's states are held from now on (the next batch reads them), but written only
-        # once every output is acknowledged: a failed delivery stops the worker before any
-        # state records the inputs as applied (`_outputs_delivered`).
-        self._outputs = sending
-        self.processor.hold(batch)
-        if not self.held:
-            self._held_since, self._held_generation = time.monotonic(), generation
-        self.held.extend(events)
-        self._held_messages.extend(messages)
-        if not self._may_defer(generation):
-            # While the outputs travel, encode the states that will be written with them.
-            self.processor.encode(batch)
-        clock.lap("held")
-        clock.report(len(messages), len(batch.outputs), writes)
+        # The outputs go out at once (in record batches, streams/runtime/sending.py): a
+        # prediction waits for nothing of an earlier batch.
+        writes = await commit.commit(batch, events, messages, generation, clock.lap)
+        if writes is not None:
+            clock.report(len(messages), len(batch.outputs), writes)
 
-    async def _outputs_delivered(self) -> None:
-        """Wait until the broker has the last batch's outputs. A failed delivery stops the
-        worker: the held states are dropped unwritten and nothing held is acked, so a restart
-        reads their inputs again and sends their outputs with the same ids."""
-        sent, self._outputs = self._outputs, []
-        if not sent:
-            return
-        try:
-            await acknowledged(sent)
-        except Exception as exc:
-            self._drop_held("an output was not delivered")
-            log.critical(
-                "an output was not delivered (%s: %s): stopping the worker. Nothing held is "
-                "acknowledged; on restart the inputs are redelivered and the outputs sent again",
-                type(exc).__name__,
-                exc,
-            )
-            await self.app.crash(exc)
-            raise
-        self.faults.reached("outputs")
+    def _backfill_progress(self) -> Progress:
+        """As a batch's states are written: what tells the backfill its messages once acked
+        (judged by the handled offsets as of now)."""
+        backfill = self.backfill
+        assert backfill is not None
+        next_offset = self.positions.handled_offsets()
 
-    def _may_defer(self, generation: int) -> bool:
-        """True when the held states may wait for a later batch: a full batch waits in the
-        buffer (a backlog: the next batch follows at once), the oldest held state is younger
-        than `ORACULAR_STATE_WRITE_INTERVAL_S`, and fewer than half the cache's users are
-        unwritten. A user changed in several of those batches is then written once, one
-        changelog record instead of one per batch. At live rates a batch writes its own
-        states as it always did: holding them whenever a few events had arrived meanwhile
-        made writes of seconds' worth of states that held the loop up for 100 ms (p99 at half
-        load 61-73 ms against 30-31, BENCHMARKS.md)."""
-        interval = self.settings.state_write_interval_s
-        cache = self.processor.cache
-        now = time.monotonic()
-        # Asked before a batch's states are held too (nothing held yet: they would be the first).
-        held_generation, since = (
-            (self._held_generation, self._held_since) if self.held else (generation, now)
-        )
-        return (
-            interval > 0
-            and generation == held_generation
-            and self.buffered() >= self.settings.batch_max
-            and now - since < interval
-            and len(cache.unwritten) < cache.limit // 2
-        )
+        def advance(messages: list[InMessage]) -> None:
+            backfill.advance(messages, next_offset, self.ticks_topic, self.processor.ticks_left_due)
 
-    async def write_held(self) -> None:
-        """Write the held states once their outputs are delivered, and then ack their events
-        (the buffer ran dry, a rebalance waits for the acks, or the worker stops)."""
-        await self.finished()
-        await self._outputs_delivered()
-        if self.held:
-            await self._write(self.app.consumer_generation_id)
-
-    async def _write(self, generation: int) -> int:
-        """Write the held users' states and send their changelog records; a task acks the
-        held events once the broker has them all. Nothing is written (and the events are
-        dropped for their partitions' owners to read again) when the worker may not write
-        for `generation`, or the events were read in another one. Returns the states
-        written."""
-        fence = self.fence
-        if generation != self._held_generation:  # (a rebalance drops them: never here)
-            self._drop_held("a new consumer generation")
-            return 0
-        if not await fence.may_write(generation):
-            self._fenced(generation, [])
-            return 0
-        events, messages = self.held, self._held_messages
-        self.held, self._held_messages = [], []
-        writes = self.processor.unwritten_writes()
-        self.table.set_all(writes)
-        self.faults.reached("stored")
-        # The next batch reads these states from the cache. Should their changelog records
-        # not be delivered, the worker stops (`_changelog_failed`) before it acks anything.
-        self.processor.written()
-        try:
-            sent = await self.table.send_changelog(
-                faust_patches.kafka_producer(self.app), writes, lambda: fence.confirm(generation)
-            )
-        except Exception as exc:
-            await self._changelog_failed(exc, writes)
-        if writes:
-            self.faults.reached("handed")
-        self._finishing = asyncio.ensure_future(
-            self._finish(
-                events, sent, writes, messages, self._handled_offsets(), generation=generation
-            )
-        )
-        return len(writes)
-
-    def _handled_offsets(self) -> dict[int, int]:
-        """What a backfill's progress and end are judged by, as of this batch."""
-        if self.backfill is None:
-            return {}  # unused
-        return self.positions.handled_offsets()
+        return advance
 
     async def stopping(self) -> None:
-        """The agent stops: write what is held (unless the worker crashed: its inputs are read
-        again), then wait for the last changelog and acks."""
-        if self.held and not self.app.crashed:
-            try:
-                await self.write_held()
-            except Exception as exc:  # stopping regardless: the inputs are read again
-                log.warning("held states not written at shutdown (%s: %s)", type(exc).__name__, exc)
-        await self.finished()
+        """The agent stops: what is held written, the last changelog and acks awaited."""
+        await self.commit.stopping()
 
     async def finished(self) -> None:
-        """Wait until the last batch's changelog is acknowledged and its events acked (raises
-        what a failed delivery raised): before the next batch writes, and at the end."""
-        finishing, self._finishing = self._finishing, None
-        if finishing is not None:
-            await finishing
-
-    async def _finish(
-        self,
-        events: list[Any],
-        sent: Sent,
-        writes: list[tuple[bytes, bytes, Any]],
-        messages: list[InMessage],
-        next_offset: dict[int, int],
-        *,
-        generation: int,
-    ) -> None:
-        """A batch's last step: its changelog acknowledged, then its events acked."""
-        try:
-            # Every changelog record acknowledged before the inputs are: a restore from the
-            # changelog can never fall behind the committed offsets.
-            # Evicted (frozen) while the records were on their way? Then they may have landed
-            # after a new owner's: nothing of them is acked, and their offsets are not stored
-            # locally.
-            await self.table.changelog_acknowledged(sent, lambda: self.fence.confirm(generation))
-        except Exception as exc:
-            await self._changelog_failed(exc, writes)
-        self.faults.reached("changelog")
-        faust_patches.ack_all(self.app, events)
-        self.faults.reached("acked")
-        if self.backfill is not None:
-            self.backfill.advance(
-                messages,
-                next_offset,
-                self.settings.topics.ticks.name,
-                self.processor.ticks_left_due,
-            )
-
-    async def _changelog_failed(
-        self, exc: Exception, writes: list[tuple[bytes, bytes, Any]]
-    ) -> NoReturn:
-        """A batch's changelog records may not all be on the broker: repair and exit after a
-        freeze (streams/runtime/fencing.py), else stop the worker with nothing of the batch
-        acked."""
-        if isinstance(exc, FrozenWhileWriting):
-            await self.fence.leave_repairs(writes, exc.stalled_s)
-        log.critical(
-            "a state's changelog record was not delivered (%s: %s): stopping the worker. "
-            "Nothing of this batch is acknowledged; on restart its inputs are redelivered "
-            "and the states written again",
-            type(exc).__name__,
-            exc,
-        )
-        await self.app.crash(exc)
-        raise exc
+        """Wait until the last batch's changelog is acknowledged and its events acked."""
+        await self.commit.finished()
 
     async def send_ticks(self) -> None:
         """One tick per owned input partition, unless a rebalance or recovery is under way."""
@@ -555,8 +382,7 @@ class _Runtime:
     async def tick_again(self) -> None:
         """A tick now for the partitions whose due episodes the last tick did not all close."""
         owned = {tp.partition for tp in self.app.consumer.assignment()}
-        await self._tick(sorted(self.processor.more_due & owned))
-        self.processor.more_due.clear()
+        await self._tick(self.processor.take_more_due(owned))
 
     async def _tick(self, partitions: Iterable[int]) -> None:
         """A tick stamped now to each of `partitions` of the ticks topic."""
@@ -573,7 +399,7 @@ class _Runtime:
         Held events the agent did not get to write (it writes them before Faust's rebalance
         goes on, unless fenced) are dropped with their states: read again from the committed
         offsets, by whoever owns their partitions now."""
-        self._drop_held("the partitions were revoked")
+        self.commit.drop_held("the partitions were revoked")
         if self.fence.distrusts_revoked():
             self.table.restore_in_full(partitions)
             log.warning(
@@ -581,38 +407,10 @@ class _Runtime:
                 partitions,
             )
 
-    def _fenced(self, generation: int, events: list[Any]) -> None:
-        """The worker may not write for `generation`: drop `events` and the held ones, with
-        the held states, unwritten and unacked (streams/runtime/fencing.py)."""
-        self.processor.drop_unwritten()
-        self._forget_outputs()
-        self.fence.drop(generation, self.held + events)
-        self.held, self._held_messages = [], []
-
-    def _forget_outputs(self) -> None:
-        """Stop waiting for the last batch's outputs (their states are dropped: whoever
-        applies the inputs again sends them again, with the same ids)."""
-        _forget(self._outputs)
-        self._outputs = []
-
-    def _drop_held(self, why: str) -> None:
-        dropped = self.processor.drop_unwritten()
-        self._forget_outputs()
-        if self.held:
-            log.warning(
-                "%s with %s input(s) applied whose %s state(s) were not written: they are "
-                "read again from the committed offsets",
-                why,
-                len(self.held),
-                dropped,
-            )
-            faust_patches.abandon(self.app.consumer, self.held)
-            self.held, self._held_messages = [], []
-
     def rebuild(self, table: Any) -> None:
         """After recovery: the processor's clocks and deadline index from the table, and the
         users to write again."""
-        self._drop_held("recovered")
+        self.commit.drop_held("recovered")
         consumer, ticks = self.app.consumer, self.settings.topics.ticks.name
         self.processor.rebuild(
             table.items(),
@@ -620,7 +418,7 @@ class _Runtime:
             lambda p: faust_patches.committed_offset(consumer, TP(ticks, p)),
         )
         for partition, keys in self.repairs.items():
-            self.processor.rewrite.setdefault(partition, []).extend(keys)
+            self.processor.write_again(partition, keys)
         if self.repairs:
             log.warning(
                 "rewriting %s user(s) whose last changelog record was stale",
@@ -648,6 +446,31 @@ class _Runtime:
             self.processor.summary(),
             self.positions.lag(),
         )
+
+
+class _FaustHost:
+    """`streams.runtime.commit.Host` over the Faust app: its producer, generation, acks."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def producer(self) -> Any:
+        return faust_patches.kafka_producer(self.app)
+
+    def generation(self) -> int:
+        return int(self.app.consumer_generation_id)
+
+    def ack(self, events: list[Any]) -> None:
+        faust_patches.ack_all(self.app, events)
+
+    def abandon(self, events: list[Any]) -> None:
+        faust_patches.abandon(self.app.consumer, events)
+
+    def crashed(self) -> bool:
+        return bool(self.app.crashed)
+
+    async def crash(self, exc: BaseException) -> None:
+        await self.app.crash(exc)
 
 
 class _StageClock:
@@ -678,19 +501,6 @@ class _StageClock:
             )
 
 
-def _forget(sent: Sent) -> None:
-    """Stop waiting for record batches handed to the producer (their errors are retrieved, so
-    asyncio does not report them as never retrieved)."""
-    for _, _, _, future in sent:
-        future.add_done_callback(_retrieved)
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Take a forgotten delivery's outcome, so asyncio does not report it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
 def _in_message(event: Any) -> InMessage:
     message = event.message
     timestamp = message.timestamp
@@ -701,7 +511,6 @@ def _in_message(event: Any) -> InMessage:
         key=message.key,
         value=message.value,
         timestamp_ms=round(timestamp * 1000) if timestamp else None,
-        context=event,
     )
 
 

@@ -24,12 +24,11 @@ import asyncio
 import logging
 import os
 import time
-from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from schemas.ticks import encode_tick
 from streams.faust import patches as faust_patches
-from streams.settings import Settings
 
 log = logging.getLogger("oracular.worker")
 
@@ -39,8 +38,8 @@ REPAIR_KEYS_PER_TICK: Final = 200
 """Users named per repair tick: a user id is at most 512 characters (2 KiB of UTF-8), so a
 tick stays below half the producer's 1 MB record limit."""
 
-Writes = list[tuple[bytes, bytes, Any]]
-"""A batch's state writes: (key, value, context)."""
+Writes = list[tuple[bytes, bytes, int]]
+"""A batch's state writes: (key, value, partition)."""
 
 
 class FrozenWhileWriting(Exception):
@@ -100,10 +99,19 @@ class Lease:
 class Fence:
     """The checks a batch passes before it writes (see the module's docstring)."""
 
-    def __init__(self, app: Any, settings: Settings, counts: Counter[str]) -> None:
-        """Fence the worker of Faust `app`; dropped batches are counted in `counts`."""
-        self.app, self.settings, self.counts = app, settings, counts
-        self.lease = Lease(settings.session_timeout_s / 2)
+    def __init__(
+        self,
+        app: Any,
+        *,
+        session_timeout_s: float,
+        ticks_topic: str,
+        on_fenced: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Fence the worker of Faust `app` (its group's session timeout, the ticks topic that
+        repairs go to); `on_fenced()` is called for each batch dropped unwritten."""
+        self.app, self.on_fenced = app, on_fenced
+        self.session_timeout_s, self.ticks_topic = session_timeout_s, ticks_topic
+        self.lease = Lease(session_timeout_s / 2)
         self.stalls_seen = 0
         """The lease's stall count when membership was last known (writes need it current)."""
         self.fenced_in: int | None = None
@@ -164,14 +172,14 @@ class Fence:
                 self.stalls_seen = stalls
                 return True
             if answer in (faust_patches.LOST, faust_patches.REBALANCING):
-                self.counts["fenced_batches"] += 1
+                self.on_fenced()
                 log.warning(
                     "it did not (%s): the batch in hand is dropped unwritten; its inputs are "
                     "re-read by the partitions' owners",
                     answer,
                 )
                 return False
-            if time.monotonic() - waited_since > self.settings.session_timeout_s:
+            if time.monotonic() - waited_since > self.session_timeout_s:
                 log.warning("the group coordinator has not answered yet; still asking")
                 waited_since = time.monotonic()
             await asyncio.sleep(0.1)
@@ -211,7 +219,7 @@ class Fence:
             len(writes),
         )
         try:
-            await asyncio.wait_for(self.send_repairs(writes), self.settings.session_timeout_s)
+            await asyncio.wait_for(self.send_repairs(writes), self.session_timeout_s)
         except Exception as exc:  # exiting regardless; say what was missed
             log.critical("the repair ticks were not all sent (%s: %s)", type(exc).__name__, exc)
         logging.shutdown()
@@ -222,9 +230,9 @@ class Fence:
         producer = self.app.producer
         await producer.flush()  # whatever was queued goes out before the ticks
         by_partition: dict[int, list[bytes]] = {}
-        for key, _value, context in writes:
-            by_partition.setdefault(context.message.partition, []).append(key)
-        ticks = self.settings.topics.ticks.name
+        for key, _value, partition in writes:
+            by_partition.setdefault(partition, []).append(key)
+        ticks = self.ticks_topic
         sent = []
         now = int(time.time() * 1000)
         for partition, keys in by_partition.items():

@@ -121,8 +121,8 @@ async def fill_holes(
     """`messages` with every input record missing before a delivered one read in, in order.
 
     `expected`: partition -> the next input offset to handle (updated as messages pass).
-    A missing record gets the delivered record's context (the same partition), so its state
-    is read and written there; it is not a Faust event, so there is nothing to acknowledge.
+    A missing record has the delivered record's partition, so its state is read and written
+    there; it is not a Faust event, so there is nothing to acknowledge.
     """
     out: list[InMessage] = []
     for message in messages:
@@ -164,7 +164,6 @@ async def fill_holes(
                     r.key,
                     r.value,
                     r.timestamp if r.timestamp and r.timestamp > 0 else None,
-                    message.context,
                 )
                 for r in records
             )

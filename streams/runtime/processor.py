@@ -84,6 +84,9 @@ PREDICTIONS: Final = "predictions"
 EPISODES: Final = "episodes"
 DLQ: Final = "dlq"
 
+StateWrite = tuple[bytes, bytes, int]
+"""A user's state to store: (key, encoded state, partition)."""
+
 _CLOSED_EARLY_LOGGED: Final = 20
 """The first this many `closed_early` inputs are logged one by one, then every 1,000th."""
 
@@ -129,8 +132,6 @@ class InMessage:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None
-    context: Any = None
-    """The Faust event it came from: table reads and writes for it use its partition."""
 
 
 @dataclass(slots=True)  # not frozen: one per output (see engine/state.py); never changed
@@ -147,22 +148,23 @@ class Output:
 class Table:
     """What the processor needs of the state table; `streams/runtime/app.py` adapts Faust's."""
 
-    def get(self, key: bytes, context: Any) -> bytes | None:  # pragma: no cover - interface
-        """The stored value of `key`, read on the partition of `context`."""
+    def get(self, key: bytes, partition: int) -> bytes | None:  # pragma: no cover - interface
+        """The stored value of `key`, read on `partition` (its input's)."""
         raise NotImplementedError
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:  # pragma: no cover
-        """Store `value`, written to the partition of `context`."""
+    def set(self, key: bytes, value: bytes, partition: int) -> None:  # pragma: no cover
+        """Store `value`, written to `partition`."""
         raise NotImplementedError
 
 
 @dataclass
 class _Slot:
     user: StoredUser
-    context: Any
+    partition: int
+    """The partition its state is read from and written to (its input's)."""
     dirty: bool = False
     encoded: bytes | None = None
-    """`encode_stored(user)`, once `Processor.encode` made it (a slot's user never changes
+    """`encode_stored(user)`, once `Processor.stage` made it (a slot's user never changes
     after its batch: a later batch that changes the user makes a slot of its own)."""
 
 
@@ -171,9 +173,9 @@ class StateCache:
     newest state is not written yet; `limit` users in all.
 
     A batch's users go in once the batch's outputs are handed to the producer
-    (`Processor.hold`). The worker writes their states once those outputs are acknowledged,
-    or, while a backlog waits, a few batches later (`unwritten`, taken by
-    `Processor.unwritten_writes`): either way a batch reads each user's newest state from
+    (`Processor.stage`). The worker writes their states once those outputs are acknowledged,
+    or, while a backlog waits, a few batches later (`unwritten`, written by
+    `Processor.commit`): either way a batch reads each user's newest state from
     here. A written user stays as the most recently used; one never written
     is never evicted, and the worker writes them all before half the limit is unwritten.
     Entries of partitions this worker no longer owns are dropped, and the whole cache after a
@@ -185,13 +187,13 @@ class StateCache:
         self.limit = limit
         self.users: OrderedDict[bytes, StoredUser] = OrderedDict()
         self.unwritten: dict[bytes, _Slot] = {}
-        """Users changed by batches whose states are not written yet, with the message
-        context to write each on."""
+        """Users changed by batches whose states are not written yet, with the partition to
+        write each on."""
         self.hits = self.misses = 0
 
     def get(self, key: bytes) -> StoredUser | None:
         """The cached written user, now the most recently used, or None (a batch reads an
-        unwritten one from `unwritten` first, with the context it is to be written on)."""
+        unwritten one from `unwritten` first, with the partition it is to be written on)."""
         user = self.users.get(key)
         if user is None:
             self.misses += 1
@@ -262,7 +264,7 @@ class Batch:
         slot = self.stored_slot(key, message)
         if slot is None:
             user = StoredUser(create_state(self.config), message.partition, -1)
-            slot = self.slots[key] = _Slot(user, message.context)
+            slot = self.slots[key] = _Slot(user, message.partition)
         return slot
 
     def stored_slot(self, key: bytes, message: InMessage) -> _Slot | None:
@@ -276,22 +278,22 @@ class Batch:
         if slot is None:
             unwritten = self.unwritten.get(key)
             if unwritten is not None:  # changed by an earlier batch, to be written with this
-                slot = self.slots[key] = _Slot(unwritten.user, unwritten.context, dirty=True)
+                slot = self.slots[key] = _Slot(unwritten.user, unwritten.partition, dirty=True)
                 return slot
             user = None if self.cache is None else self.cache.get(key)
             if user is None:
-                raw = self.table.get(key, message.context)
+                raw = self.table.get(key, message.partition)
                 if raw is None:
                     return None
                 user = decode_stored(raw, self.config)
-            slot = self.slots[key] = _Slot(user, message.context)
+            slot = self.slots[key] = _Slot(user, message.partition)
         return slot
 
-    def writes(self) -> Iterable[tuple[bytes, bytes, Any]]:
-        """(key, value, context) of every user the batch changed."""
+    def writes(self) -> Iterable[StateWrite]:
+        """(key, value, partition) of every user the batch changed."""
         for key, slot in self.slots.items():
             if slot.dirty:
-                yield key, encode_stored(slot.user), slot.context
+                yield key, encode_stored(slot.user), slot.partition
 
 
 class Processor:
@@ -365,52 +367,77 @@ class Processor:
             timer_closes_left=self.timer_closes_per_batch,
         )
 
-    def hold(self, batch: Batch) -> None:
+    def stage(self, batch: Batch, *, encode: Callable[[], bool] = lambda: False) -> None:
         """Keep the batch's users for the next batches: the users it changed as unwritten
-        (`unwritten_writes` takes them), the others cached. Call once its outputs are handed
-        to the producer; the worker takes `unwritten_writes` only once they are acknowledged,
-        so a state is never stored before its outputs are out."""
+        (`commit` writes them), the others cached. Call once its outputs are handed to the
+        producer; the worker commits only once they are acknowledged, so a state is never
+        stored before its outputs are out. `encode()`, asked once they are staged: True
+        encodes the changed states now (while the outputs travel), not when committed."""
         cache = self.cache
         unwritten = cache.unwritten
+        changed = []
         for key, slot in batch.slots.items():
             if slot.dirty:
-                # The user's older state may stay in `users` until `written` replaces it:
+                # The user's older state may stay in `users` until `commit` replaces it:
                 # every read looks in `unwritten` first, and an entry of `users` is always a
-                # written state, the one to read again if the held ones are dropped.
+                # written state, the one to read again if the staged ones are discarded.
                 unwritten[key] = slot
+                changed.append(slot)
             elif key not in unwritten:
                 cache.put(key, slot.user)
+        if changed and encode():
+            for slot in changed:
+                if slot.encoded is None:
+                    slot.encoded = encode_stored(slot.user)
 
-    def encode(self, batch: Batch) -> None:
-        """Encode the states `batch` changed ahead of `unwritten_writes` (which uses them)."""
-        for slot in batch.slots.values():
-            if slot.dirty and slot.encoded is None:
-                slot.encoded = encode_stored(slot.user)
-
-    def unwritten_writes(self) -> list[tuple[bytes, bytes, Any]]:
-        """(key, value, context) of every user held unwritten, newest state each."""
-        return [
+    def commit(self, store: Callable[[list[StateWrite]], None]) -> list[StateWrite]:
+        """Write every staged user's newest state with `store` (key, value, partition), then
+        cache them as written; returns the writes (for their changelog records)."""
+        cache = self.cache
+        unwritten = cache.unwritten
+        writes = [
             (
                 key,
                 encode_stored(slot.user) if slot.encoded is None else slot.encoded,
-                slot.context,
+                slot.partition,
             )
-            for key, slot in self.cache.unwritten.items()
+            for key, slot in unwritten.items()
         ]
-
-    def written(self) -> None:
-        """The held users' states are stored: cache them as written."""
-        cache = self.cache
-        unwritten = cache.unwritten
+        store(writes)
         for key, slot in list(unwritten.items()):
             cache.put(key, slot.user)
             del unwritten[key]  # after `put`: a lookup finds the user in one or the other
+        return writes
 
-    def drop_unwritten(self) -> int:
-        """Forget the users held unwritten (their inputs are read again); how many."""
+    def discard(self) -> int:
+        """Forget the staged users (their inputs are read again); how many."""
         dropped = len(self.cache.unwritten)
         self.cache.unwritten.clear()
         return dropped
+
+    def staged(self) -> int:
+        """Users staged and not committed yet."""
+        return len(self.cache.unwritten)
+
+    def note_refetched(self, total: int) -> None:
+        """Input records the gap filler read from the broker so far (`refetched`)."""
+        self.counts["refetched"] = total
+
+    def note_fenced_batch(self) -> None:
+        """A batch the fence dropped unwritten (`fenced_batches`)."""
+        self.counts["fenced_batches"] += 1
+
+    def take_more_due(self, owned: Iterable[int]) -> list[int]:
+        """The partitions among `owned` whose due episodes the last tick did not all close
+        (they get a tick again now); none after this call."""
+        due = sorted(self.more_due & set(owned))
+        self.more_due.clear()
+        return due
+
+    def write_again(self, partition: int, keys: Iterable[bytes]) -> None:
+        """Write these users of `partition` again on its next tick (their last changelog
+        record was stale)."""
+        self.rewrite.setdefault(partition, []).extend(keys)
 
     def count_input(self, outcome: str, partition: int) -> None:
         """Count one input's outcome (a HANDLED name, or `late`), in total and per partition."""
@@ -640,7 +667,7 @@ class Processor:
             recent=self._recent_ids(user, step.at, digest),
             packed=user.packed,
         )
-        slot.context = message.context
+        slot.partition = message.partition
         slot.dirty = True
         self._count_applied(step, partition)
         for output in outputs:
@@ -801,7 +828,7 @@ class Processor:
                 user.recent,
                 packed=user.packed,
             )
-            slot.context = message.context
+            slot.partition = message.partition
             slot.dirty = True
             self.counts["closed_by_timer"] += 1
             self.counts[EPISODES] += 1

@@ -11,6 +11,7 @@ one `producer.send` would have used) and their order within it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -78,3 +79,16 @@ async def acknowledged(sent: Sent) -> dict[tuple[str, int], int]:
         end = metadata.offset + count - 1
         last[topic, partition] = max(last.get((topic, partition), -1), end)
     return last
+
+
+def forget(sent: Sent) -> None:
+    """Stop waiting for record batches handed to the producer (their errors are retrieved, so
+    asyncio does not report them as never retrieved)."""
+    for _, _, _, future in sent:
+        future.add_done_callback(_retrieved)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Take a forgotten delivery's outcome, so asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -31,21 +31,21 @@ class FaustTable(Table):
         """Wrap `table`."""
         self.table = table
 
-    def get(self, key: bytes, context: Any) -> bytes | None:
-        """Read on the partition of `context` (a Faust event, or anything with
-        `.message.partition`)."""
-        return faust_patches.store_get(self.table, context.message.partition, key)
+    def get(self, key: bytes, partition: int) -> bytes | None:
+        """Read on `partition`."""
+        return faust_patches.store_get(self.table, partition, key)
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:
-        """Write the local store on the partition of `context` (no changelog record: the
-        worker sends a batch's records together with `send_changelog`)."""
-        self.set_all([(key, value, context)])
+    def set(self, key: bytes, value: bytes, partition: int) -> None:
+        """Write the local store on `partition` (no changelog record: the worker sends a
+        batch's records together with `send_changelog`)."""
+        self.set_all([(key, value, partition)])
 
-    def set_all(self, writes: list[tuple[bytes, bytes, Any]]) -> None:
-        """`set` each of `writes`, one RocksDB write batch per partition."""
+    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
+        """`set` each of `writes` (key, value, partition), one RocksDB write batch per
+        partition."""
         by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
-        for key, value, context in writes:
-            by_partition.setdefault(context.message.partition, []).append((key, value))
+        for key, value, partition in writes:
+            by_partition.setdefault(partition, []).append((key, value))
         for partition, items in by_partition.items():
             faust_patches.store_put_all(self.table, partition, items)
 
@@ -58,7 +58,7 @@ class FaustTable(Table):
     async def send_changelog(
         self,
         producer: Any,
-        writes: list[tuple[bytes, bytes, Any]],
+        writes: list[tuple[bytes, bytes, int]],
         before_sending: Callable[[], Awaitable[None]] = no_check,
     ) -> Sent:
         """Hand the changelog records of values just stored to the producer; returns them for
@@ -69,7 +69,7 @@ class FaustTable(Table):
         callback cost more than the rest of a batch).
         """
         topic = self.changelog_topic
-        records = [(topic, context.message.partition, key, value) for key, value, context in writes]
+        records = [(topic, partition, key, value) for key, value, partition in writes]
         return await hand_over(producer, records, before_sending)
 
     async def changelog_acknowledged(

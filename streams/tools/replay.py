@@ -34,11 +34,11 @@ class DictTable(Table):
         """Start empty."""
         self.values: dict[bytes, bytes] = {}
 
-    def get(self, key: bytes, context: Any) -> bytes | None:
+    def get(self, key: bytes, partition: int) -> bytes | None:
         """The stored value of `key`."""
         return self.values.get(key)
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:
+    def set(self, key: bytes, value: bytes, partition: int) -> None:
         """Store `value`."""
         self.values[key] = value
 
@@ -119,8 +119,8 @@ class OfflineRun:
 
     def _store(self) -> None:
         """Write the batch's changed users to the table and start a new batch."""
-        for key, value, context in self._batch.writes():
-            self.table.set(key, value, context)
+        for key, value, partition in self._batch.writes():
+            self.table.set(key, value, partition)
         self._batch = Batch(self.table, self.config)
         self._pending = 0
 

@@ -140,22 +140,21 @@ class _App:
         )
 
 
-def _settings(session_timeout_s: float = 0.2) -> Any:
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        session_timeout_s=session_timeout_s,
-        topics=SimpleNamespace(ticks=SimpleNamespace(name="t")),
-    )
-
-
 def _fence(app: _App) -> Any:
-    """A `Fence` whose lease doubts membership after 0.1 s."""
+    """A `Fence` whose lease doubts membership after 0.1 s; `fence.counts` counts the batches
+    it dropped."""
     from collections import Counter
 
     from streams.runtime.fencing import Fence
 
-    return Fence(app, _settings(), Counter())
+    counts: Counter[str] = Counter()
+
+    def fenced() -> None:
+        counts["fenced_batches"] += 1
+
+    fence = Fence(app, session_timeout_s=0.2, ticks_topic="t", on_fenced=fenced)
+    fence.counts = counts  # type: ignore[attr-defined]  # for the tests
+    return fence
 
 
 async def test_a_running_worker_writes_at_once_without_asking():
@@ -290,7 +289,6 @@ async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offse
 
 
 async def test_repairs_name_every_written_user_on_its_partition_after_the_queued_records():
-    from types import SimpleNamespace
 
     from schemas.ticks import decode_tick
 
@@ -310,10 +308,7 @@ async def test_repairs_name_every_written_user_on_its_partition_after_the_queued
     app.producer = Producer()
     fence = _fence(app)
 
-    def context(partition):
-        return SimpleNamespace(message=SimpleNamespace(partition=partition))
-
-    users = [(f"u{i}".encode(), b"v", context(i % 2)) for i in range(450)]
+    users = [(f"u{i}".encode(), b"v", i % 2) for i in range(450)]
     await fence.send_repairs(users)
     assert log[0] == ("flush", None, None)  # the queued changelog records go out first
     named: dict[int, list[bytes]] = {}
@@ -322,7 +317,7 @@ async def test_repairs_name_every_written_user_on_its_partition_after_the_queued
         keys = decode_tick(value).rewrite
         assert 0 < len(keys) <= 200
         named.setdefault(partition, []).extend(keys)
-    assert named == {p: [k for k, _, c in users if c.message.partition == p] for p in (0, 1)}
+    assert named == {p: [k for k, _, q in users if q == p] for p in (0, 1)}
 
 
 async def test_after_a_dropped_batch_nothing_is_applied_until_a_new_assignment():

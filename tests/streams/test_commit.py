@@ -1,12 +1,12 @@
-"""The worker's batch steps (`streams.runtime.app._Runtime.run_batch`) in order, with fakes for
-Faust's app and table and for the producer: outputs delivered, then states stored, then the
-changelog handed over; a batch's inputs are acked only once its changelog is acknowledged, and the
-next batch applies and sends its outputs meanwhile but writes no state before that."""
+"""The batch commit protocol (`streams.runtime.commit.BatchCommit`) through its public
+interface, with batches the real `Processor` applied and fakes for the producer, the state table
+and the app: outputs delivered, then states stored, then the changelog handed over; a batch's
+inputs are acked only once its changelog is acknowledged, and the next batch applies and sends
+its outputs meanwhile but writes no state before that."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,8 +17,9 @@ from faust.types import TP
 from schemas.config import load_config
 from schemas.stored import decode_stored, encode_stored
 from streams.faust import patches as faust_patches
-from streams.runtime import app as app_module
-from streams.runtime.processor import Processor, Table
+from streams.runtime.commit import BatchCommit
+from streams.runtime.fencing import Fence
+from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, Table
 from streams.settings import settings_from_env
 
 from .test_sending import FakeProducer
@@ -50,6 +51,10 @@ class FakeEvent:
         first, self.acked = not self.acked, True
         return first
 
+    def in_message(self) -> InMessage:
+        m = self.message
+        return InMessage(m.topic, m.partition, m.offset, m.key, m.value, round(m.timestamp * 1000))
+
 
 class GatedTable(Table):
     """The state table: values in a dict; each batch's changelog is acknowledged when the
@@ -66,7 +71,7 @@ class GatedTable(Table):
     def set(self, key: bytes, value: bytes, context: Any) -> None:
         self.values[key] = value
 
-    def set_all(self, writes: list[tuple[bytes, bytes, Any]]) -> None:
+    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
         for key, value, context in writes:
             self.set(key, value, context)
 
@@ -92,47 +97,99 @@ def holding(monkeypatch):
     return _runtime(monkeypatch, cache_users=1000)
 
 
-def _runtime(monkeypatch: Any, cache_users: int) -> Any:
-    settings = settings_from_env({})
-    topics = settings.topics
-    producer = FakeProducer(room=1000)
-    crashed: list[BaseException] = []
+class FakeHost:
+    """The app as the commit sees it: the producer, acks, crashes."""
 
-    async def crash(exc: BaseException) -> None:
-        crashed.append(exc)
+    def __init__(self, producer: FakeProducer) -> None:
+        self._producer = producer
+        self.crashes: list[BaseException] = []
+        self.abandoned: list[Any] = []
 
-    app = SimpleNamespace(
-        consumer_generation_id=1,
-        consumer=SimpleNamespace(_committed_offset={}, _unacked_messages=set()),
-        crashed=False,
-        producer=SimpleNamespace(_ensure_producer=lambda: producer),
-        sensors=SimpleNamespace(on_message_out=lambda *_: None),
-        crash=crash,
-    )
+    def producer(self) -> Any:
+        return self._producer
 
-    async def partitioner(_: Any, topic: str) -> Any:
-        return lambda key: 0
+    def generation(self) -> int:
+        return GENERATION
 
-    monkeypatch.setattr(faust_patches, "key_partitioner", partitioner)
-    processor = Processor(
-        load_config(CONFIG),
-        events_topic=topics.events.name,
-        ticks_topic=topics.ticks.name,
-        cache_users=cache_users,
-    )
-    outputs = {
-        role: name
-        for role, name in (
-            (app_module.PREDICTIONS, topics.predictions.name),
-            (app_module.EPISODES, topics.episodes.name),
-            (app_module.DLQ, topics.dlq.name),
+    def ack(self, events: list[Any]) -> None:
+        for event in events:
+            event.ack()
+
+    def abandon(self, events: list[Any]) -> None:
+        self.abandoned.extend(events)
+
+    def crashed(self) -> bool:
+        return bool(self.crashes)
+
+    async def crash(self, exc: BaseException) -> None:
+        self.crashes.append(exc)
+
+
+GENERATION = 1
+
+
+class Worker:
+    """A `BatchCommit` with what feeds it: the processor applies each batch, as the runtime
+    does, and hands it to the commit (`run_batch`)."""
+
+    def __init__(self, monkeypatch: Any, cache_users: int, write_interval_s: float | None) -> None:
+        settings = settings_from_env({})
+        self.settings = settings
+        topics = settings.topics
+        self.producer = FakeProducer(room=1000)
+        self.host = FakeHost(self.producer)
+
+        async def partitioner(_: Any, topic: str) -> Any:
+            return lambda key: 0
+
+        monkeypatch.setattr(faust_patches, "key_partitioner", partitioner)
+        self.processor = Processor(
+            load_config(CONFIG),
+            events_topic=topics.events.name,
+            ticks_topic=topics.ticks.name,
+            cache_users=cache_users,
         )
-    }
-    table = GatedTable()
-    run = app_module._Runtime(app, processor, table, outputs, settings, ticks=None)
-    monkeypatch.setattr(run.positions, "caught_up", lambda partition: False)
-    run.crashed, run.producer = crashed, producer  # for the tests
-    return run
+        self.table = GatedTable()
+        app = SimpleNamespace(consumer=SimpleNamespace(_unacked_messages=set()))
+        self.fence = Fence(
+            app, session_timeout_s=settings.session_timeout_s, ticks_topic=topics.ticks.name
+        )
+        self.now = 1000.0
+        self.commit = BatchCommit(
+            self.host,
+            self.processor,
+            self.table,
+            self.fence,
+            {
+                PREDICTIONS: topics.predictions.name,
+                EPISODES: topics.episodes.name,
+                DLQ: topics.dlq.name,
+            },
+            write_interval_s=(
+                settings.state_write_interval_s if write_interval_s is None else write_interval_s
+            ),
+            batch_max=settings.batch_max,
+            clock=lambda: self.now,
+        )
+
+    async def run_batch(self, events: list[FakeEvent]) -> None:
+        commit = self.commit
+        if not events:
+            await commit.write_held()
+            return
+        if not await commit.admit(GENERATION, events):
+            return
+        batch = self.processor.batch(self.table)
+        messages = [event.in_message() for event in events]
+        self.processor.run_batch(batch, messages, lambda partition: False, lambda: WALL_MS)
+        await commit.commit(batch, events, messages, GENERATION)
+
+
+WALL_MS = 1_700_000_100_000
+
+
+def _runtime(monkeypatch: Any, cache_users: int, write_interval_s: float | None = None) -> Worker:
+    return Worker(monkeypatch, cache_users, write_interval_s)
 
 
 def _events(runtime: Any, users: list[str], first_offset: int) -> list[FakeEvent]:
@@ -199,11 +256,11 @@ async def test_states_wait_for_their_outputs_and_inputs_for_their_changelog(runt
     await _bounded(runtime.run_batch([]))  # the buffer ran dry: the third's states
     assert table.handed[2] == [b"u4"]
     table.gates[2].set_result(None)
-    await runtime.finished()
+    await runtime.commit.finished()
     assert all(event.acked for event in second + third)
     assert _stored_inputs(runtime, b"u1") == 2
     assert runtime.processor.counts["applied"] == 5
-    assert not runtime.crashed
+    assert not runtime.host.crashes
 
 
 async def test_an_undelivered_changelog_stops_the_worker_and_acks_nothing(runtime):
@@ -216,10 +273,10 @@ async def test_an_undelivered_changelog_stops_the_worker_and_acks_nothing(runtim
     third = _events(runtime, ["u3"], 2)
     with pytest.raises(RuntimeError, match="not delivered"):
         await _bounded(runtime.run_batch(third))  # it raises before writing anything
-    assert [type(exc) for exc in runtime.crashed] == [RuntimeError]
+    assert [type(exc) for exc in runtime.host.crashes] == [RuntimeError]
     assert not any(event.acked for event in first + second + third)
     assert len(table.handed) == 1
-    await runtime.finished()  # nothing is left waiting
+    await runtime.commit.finished()  # nothing is left waiting
 
 
 async def test_an_undelivered_output_stops_the_worker_and_writes_nothing(runtime):
@@ -231,11 +288,11 @@ async def test_an_undelivered_output_stops_the_worker_and_writes_nothing(runtime
     second = _events(runtime, ["u2"], 1)
     with pytest.raises(RuntimeError, match="not delivered"):
         await _bounded(runtime.run_batch(second))
-    assert [type(exc) for exc in runtime.crashed] == [RuntimeError]
+    assert [type(exc) for exc in runtime.host.crashes] == [RuntimeError]
     assert runtime.table.handed == [] and runtime.table.values == {}
-    assert not runtime.held and not runtime.processor.cache.unwritten
+    assert not runtime.commit.held and not runtime.processor.cache.unwritten
     assert not any(event.acked for event in first + second)
-    await _bounded(runtime.stopping())  # at shutdown too, nothing is written
+    await _bounded(runtime.commit.stopping())  # at shutdown too, nothing is written
     assert runtime.table.handed == []
 
 
@@ -265,7 +322,7 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     are held and written together, one changelog record per user, and their inputs are acked
     once that changelog is acknowledged."""
     runtime, table, producer = holding, holding.table, holding.producer
-    runtime.buffered = lambda: 1000  # a backlog: more than a batch waits
+    runtime.commit.buffered = lambda: 1000  # a backlog: more than a batch waits
     first = _events(runtime, ["u1", "u2"], 0)
     await _bounded(runtime.run_batch(first))
     outputs_of_first = len(producer.batches)
@@ -278,7 +335,7 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     held_u1 = runtime.processor.cache.peek(b"u1")
     assert held_u1 is not None and held_u1.inputs == 2
 
-    runtime.buffered = lambda: 0  # caught up: this batch writes all that is held
+    runtime.commit.buffered = lambda: 0  # caught up: this batch writes all that is held
     third = _events(runtime, ["u4"], 4)
     await _bounded(runtime.run_batch(third))
     assert table.handed == [[b"u1", b"u2", b"u3"]]  # each user once
@@ -289,33 +346,33 @@ async def test_while_a_backlog_waits_several_batches_write_each_user_once(holdin
     assert all(event.acked for event in first + second)
     assert not any(event.acked for event in third)
     table.gates[1].set_result(None)
-    await runtime.finished()
+    await runtime.commit.finished()
     assert all(event.acked for event in third)
-    assert not runtime.processor.cache.unwritten and not runtime.held
+    assert not runtime.processor.cache.unwritten and not runtime.commit.held
     assert runtime.processor.cache.peek(b"u1") is held_u1  # cached as written
 
 
 async def test_held_states_are_written_when_the_buffer_runs_dry(holding):
     """`take_batches` gives an empty batch when the buffer is empty and events are held."""
     runtime = holding
-    runtime.buffered = lambda: 1000
+    runtime.commit.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await _bounded(runtime.run_batch(first))
     assert runtime.table.handed == []
     await _bounded(runtime.run_batch([]))
     assert runtime.table.handed == [[b"u1"]]
     runtime.table.gates[0].set_result(None)
-    await runtime.finished()
+    await runtime.commit.finished()
     assert first[0].acked
 
 
 async def test_states_are_held_at_most_the_write_interval(holding):
     runtime = holding
-    runtime.buffered = lambda: 1000
+    runtime.commit.buffered = lambda: 1000
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == []
-    runtime._held_since -= runtime.settings.state_write_interval_s  # the interval is over
+    runtime.now += runtime.commit.write_interval_s  # the interval is over
     await _bounded(runtime.run_batch(_events(runtime, ["u3"], 2)))
     assert runtime.table.handed == [[b"u1", b"u2"]]
 
@@ -324,16 +381,15 @@ async def test_a_few_events_waiting_do_not_hold_the_states(holding):
     """Live traffic: events that arrived while a batch's outputs were on their way are no
     backlog; holding states then made seconds' worth of them one write (a 100 ms pause)."""
     runtime = holding
-    runtime.buffered = lambda: runtime.settings.batch_max - 1
+    runtime.commit.buffered = lambda: runtime.settings.batch_max - 1
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == [[b"u1"]]  # the next batch wrote the first's at once
 
 
-async def test_a_zero_write_interval_writes_every_batch(holding):
-    runtime = holding
-    runtime.settings = dataclasses.replace(runtime.settings, state_write_interval_s=0.0)
-    runtime.buffered = lambda: 1000
+async def test_a_zero_write_interval_writes_every_batch(monkeypatch):
+    runtime = _runtime(monkeypatch, cache_users=1000, write_interval_s=0.0)
+    runtime.commit.buffered = lambda: 1000
     await _bounded(runtime.run_batch(_events(runtime, ["u1"], 0)))
     await _bounded(runtime.run_batch(_events(runtime, ["u2"], 1)))
     assert runtime.table.handed == [[b"u1"]]
@@ -344,14 +400,13 @@ async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(h
     are taken off the unacked set for the partitions' owners to read again, and the next
     batch reads the user from the table."""
     runtime = holding
-    runtime.buffered = lambda: 1000
+    runtime.commit.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await _bounded(runtime.run_batch(first))
-    runtime.app.consumer._unacked_messages.add(first[0].message)
     runtime.processor.forget([0])
-    runtime.revoked([0])
-    assert not runtime.held and not runtime.processor.cache.unwritten
-    assert not runtime.app.consumer._unacked_messages and not first[0].acked
+    runtime.commit.drop_held("the partitions were revoked")
+    assert not runtime.commit.held and not runtime.processor.cache.unwritten
+    assert runtime.host.abandoned == first and not first[0].acked
     assert runtime.processor.cache.peek(b"u1") is None
     await _bounded(runtime.run_batch([]))  # nothing held: nothing to write
     assert runtime.table.handed == []
@@ -359,10 +414,10 @@ async def test_held_inputs_are_dropped_unacked_when_the_partitions_are_revoked(h
 
 async def test_the_agent_writes_what_it_holds_when_it_stops(holding):
     runtime = holding
-    runtime.buffered = lambda: 1000
+    runtime.commit.buffered = lambda: 1000
     first = _events(runtime, ["u1"], 0)
     await _bounded(runtime.run_batch(first))
-    stopping = asyncio.ensure_future(runtime.stopping())
+    stopping = asyncio.ensure_future(runtime.commit.stopping())
     await _until(lambda: runtime.table.handed)
     assert runtime.table.handed == [[b"u1"]]
     runtime.table.gates[0].set_result(None)
@@ -374,7 +429,7 @@ def _acked_a_turn_later(runtime: Any, order: list[str]) -> None:
     """The producer's acknowledgements come a loop turn after the hand-off (recorded), the
     processor's pre-encoding is recorded too."""
     producer, processor = runtime.producer, runtime.processor
-    send, encode = producer.send_batch, processor.encode
+    send, stage = producer.send_batch, processor.stage
 
     async def send_batch(*args: Any, **kwargs: Any) -> Any:
         delivered = await send(*args, **kwargs)
@@ -387,11 +442,16 @@ def _acked_a_turn_later(runtime: Any, order: list[str]) -> None:
         asyncio.get_running_loop().call_soon(ack)
         return later
 
-    def encoding(batch: Any) -> None:
-        order.append("encoded")
-        encode(batch)
+    def staging(batch: Any, encode: Any) -> None:
+        def asked() -> bool:
+            now = encode()
+            if now:
+                order.append("encoded")
+            return now
 
-    producer.send_batch, processor.encode = send_batch, encoding
+        stage(batch, encode=asked)
+
+    producer.send_batch, processor.stage = send_batch, staging
 
 
 @pytest.mark.parametrize("backlog", [False, True])
@@ -400,7 +460,7 @@ async def test_a_live_batch_encodes_its_states_while_its_outputs_travel(holding,
     and written as encoded; a batch whose states will be held encodes nothing then."""
     runtime, order = holding, []
     _acked_a_turn_later(runtime, order)
-    runtime.buffered = lambda: 1000 if backlog else 0
+    runtime.commit.buffered = lambda: 1000 if backlog else 0
     await _bounded(runtime.run_batch(_events(runtime, ["u1", "u2"], 0)))
     await _until(lambda: "outputs acked" in order)
     if backlog:
@@ -412,29 +472,3 @@ async def test_a_live_batch_encodes_its_states_while_its_outputs_travel(holding,
     for key in (b"u1", b"u2"):
         user = runtime.processor.cache.peek(key)
         assert runtime.table.values[key] == encode_stored(user)
-
-
-def test_a_retriable_coordinator_error_is_logged_as_info():
-    import logging
-
-    from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
-
-    from streams.runtime.app import _TransientCoordinatorErrors
-
-    def record(err: Exception) -> logging.LogRecord:
-        return logging.LogRecord(
-            "aiokafka.consumer.group_coordinator",
-            logging.ERROR,
-            __file__,
-            1,
-            "Group Coordinator Request failed: %s",
-            (err,),
-            None,
-        )
-
-    quiet = _TransientCoordinatorErrors()
-    transient = record(GroupCoordinatorNotAvailableError())
-    assert quiet.filter(transient) and transient.levelname == "INFO"
-    assert transient.getMessage().endswith("(retrying)")
-    fatal = record(GroupAuthorizationFailedError())
-    assert quiet.filter(fatal) and fatal.levelname == "ERROR"
