@@ -223,7 +223,7 @@ _MONITOR_NUMBERS: Final = (
 def monitor_families(monitor: Any) -> list[Family]:
     """Faust's own sensor (`app.monitor`, a faust.sensors.Monitor) as `faust_*` families.
 
-    The worker takes its input in batches (streams/faust/patches.py), so Faust's per-event
+    The worker takes its input in batches (streams/faust/batches.py), so Faust's per-event
     stream counters do not move; its message, send, commit and rebalance figures do. The
     latencies are averages of the recent samples Faust keeps.
     """

@@ -26,7 +26,11 @@ from faust.types import TP
 from engine import EngineConfig
 from schemas.config import load_config
 from schemas.ticks import encode_tick
-from streams.faust import patches as faust_patches  # applied on import: every worker runs patched
+from streams.faust import patches as faust_patches
+from streams.faust.config import ConsumerSettings
+from streams.faust.config import (
+    configure as configure_consumer,  # applied on import: every worker runs patched
+)
 from streams.runtime.backfill import Backfill
 from streams.runtime.commit import BatchCommit, Progress
 from streams.runtime.datadir import DatadirError
@@ -142,12 +146,17 @@ def create_app(
         web_stats_enabled=True,
     )
 
-    app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]  # faust_patches
-    # The consumer runs on this loop, not in Faust's thread, unless told (faust_patches).
-    app.consumer_on_worker_loop = settings.consumer_loop == "worker"  # type: ignore[attr-defined]
-    # Ticks alone do not keep the consumer's fetches short (faust_patches): an idle worker
-    # fetches twice a second, not 500 times.
-    app.fetch_quiet_topics = {topics.ticks.name}  # type: ignore[attr-defined]  # faust_patches
+    # How the patched consumer fetches and where it runs (streams/faust/config.py): on this
+    # loop, not in Faust's thread, unless told; ticks alone do not keep its fetches short (an
+    # idle worker fetches twice a second, not 500 times).
+    configure_consumer(
+        app,
+        ConsumerSettings(
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            on_worker_loop=settings.consumer_loop == "worker",
+            quiet_topics=frozenset({topics.ticks.name}),
+        ),
+    )
     inputs = raw_topic(app, topics.events.name, topics.ticks.name, partitions=partitions)
     ticks = raw_topic(app, topics.ticks.name, partitions=partitions)
     outputs = {

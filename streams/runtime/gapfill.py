@@ -2,7 +2,7 @@
 
 Offsets of an input partition reach the agent in order, one after another, unless the log has
 no record there (transaction markers, aborted records, compaction, retention) — or the consumer
-failed to deliver records that exist. `streams/faust/patches.py` fixes the known ways Faust
+failed to deliver records that exist. `streams/faust/` fixes the known ways Faust
 loses fetched input; this is the check that makes a loss impossible whatever its cause: when a
 batch holds a record past the next expected offset, the missing range is read straight from the
 broker (read_committed, the worker's own security settings) and the records found are applied

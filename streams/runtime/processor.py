@@ -511,7 +511,7 @@ class Processor:
         markers and aborted records (read_committed), compaction, or retention deleting input
         before it was read. Those are real and nothing is missing, so the message is applied.
         (Faust's own drop of fetched input around rebalances is fixed in
-        `streams/faust/patches.py`; this count is the cheap check that it stays fixed.)
+        `streams/faust/delivery.py`; this count is the cheap check that it stays fixed.)
         """
         expected = self.next_offset.get(message.partition)
         if expected is None or message.offset <= expected:

@@ -1,6 +1,6 @@
 """Real holes in the input's offsets, against the real broker: the worker neither hangs nor loses.
 
-With Faust's dropped-input bug patched (streams/faust/patches.py), a jump in a partition's
+With Faust's dropped-input bug patched (streams/faust/delivery.py), a jump in a partition's
 offsets is a hole in the log itself, and the worker counts it and goes on:
 - transactions: each commit or abort writes a marker that takes an offset, and the records of
   an aborted transaction are never delivered (the worker reads committed records only);

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.faust import patches as faust_patches
+from streams.faust import producer as faust_producer
 from streams.runtime.sending import acknowledged, hand_over, no_check
 
 
@@ -145,13 +146,13 @@ async def test_remembered_partitions_follow_the_topics_partitions(monkeypatch):
             choose = await faust_patches.key_partitioner(producer, "remembered")
             every = sorted(partitions)
             assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
-        assert len(faust_patches._key_partitions["remembered"][1]) == len(keys)
+        assert len(faust_producer._key_partitions["remembered"][1]) == len(keys)
         assert {choose(None) for _ in range(200)} == partitions  # random, as `send` picks
-        monkeypatch.setattr(faust_patches, "KEY_PARTITIONS_CACHED", 10)  # full: starts over
+        monkeypatch.setattr(faust_producer, "KEY_PARTITIONS_CACHED", 10)  # full: starts over
         choose = await faust_patches.key_partitioner(producer, "remembered")
-        faust_patches._key_partitions["remembered"][1].clear()
+        faust_producer._key_partitions["remembered"][1].clear()
         assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
-        assert len(faust_patches._key_partitions["remembered"][1]) <= 10
+        assert len(faust_producer._key_partitions["remembered"][1]) <= 10
     finally:
         await producer.stop()
 
