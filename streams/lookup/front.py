@@ -38,7 +38,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from streams.lookup.metrics import Family
-from streams.settings import APP_HEADER, Settings
+from streams.settings import API_CONNECTIONS_AT_MOST, APP_HEADER, Settings, default
 
 log = logging.getLogger("oracular.api")
 
@@ -71,12 +71,12 @@ idle one; the cap was reached with none to close (a 503)."""
 class Limits:
     """How long each phase of a request may take and how much a client may hold."""
 
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 10.0
-    keepalive_s: float = 15.0
-    max_requests: int = 1000
-    max_connections: int = 1000
-    max_body_bytes: int = 512 * 1024
+    header_timeout_s: float = default("api_header_timeout_s")
+    body_timeout_s: float = default("api_body_timeout_s")
+    keepalive_s: float = default("api_keepalive_s")
+    max_requests: int = default("api_max_requests_per_connection")
+    max_connections: int = API_CONNECTIONS_AT_MOST
+    max_body_bytes: int = default("api_max_body_bytes")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:

@@ -53,6 +53,7 @@ from schemas.outputs import (
 )
 from schemas.stored import StoredUser, decode_stored, encode_stored, id_digest, stored_index
 from schemas.ticks import decode_tick
+from streams.settings import default
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +96,13 @@ _CLOSED_EARLY_LOGGED: Final = 20
 class TimePolicy:
     """How a partition's watermark moves (docs/time.md has the contract)."""
 
-    lateness_ms: int = 120_000
+    lateness_ms: int = default("lateness_ms")
     """The watermark trails the largest event time by this: disorder across users within it
     changes nothing. Product SDKs batch events for up to a minute; two covers that."""
-    idle_ms: int = 30_000
+    idle_ms: int = default("idle_ms")
     """A caught-up partition with no input for this long lets the wall clock run its clock on
     from its newest event time, so silent users close on time in live traffic."""
-    max_skew_ms: int = 60_000
+    max_skew_ms: int = default("max_skew_ms")
     """An event time may run ahead of its record's timestamp (and of the worker's clock) by
     this before it stops moving the watermark: one client's wrong clock closes nobody else's
     episode."""

@@ -261,12 +261,19 @@ ENV_VARS: Final = {s.name: s.env for s in SETTINGS}
 _TOPIC_INPUTS: Final = ("partitions", "topic_prefix", *(f"topic_{r}" for r in _TOPIC_ROLES))
 
 
-def _default(name: str) -> Any:
+def default(name: str) -> Any:
+    """The default of the setting `name` (its `SETTINGS` row): the one place defaults live,
+    for every part that has one of its own (`TimePolicy`, the API's `Limits`)."""
     return BY_NAME[name].default
 
 
+API_CONNECTIONS_AT_MOST: Final = 1000
+"""The cap on open API connections when ORACULAR_API_MAX_CONNECTIONS is unset (or less, a
+quarter of the open-file limit)."""
+
+
 def _default_topics() -> ProductTopics:
-    return declare_topics(_default("topic_prefix"), _default("partitions"))
+    return declare_topics(default("topic_prefix"), default("partitions"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,54 +283,54 @@ class Settings:
     topic_prefix and topic_* declare."""
 
     # Defaults are the table's: RUF009 cannot see that _default returns an immutable value.
-    config_path: Path = _default("config_path")  # noqa: RUF009
-    broker: str = _default("broker")
-    app_id: str = _default("app_id")
-    datadir: Path | None = _default("datadir")  # noqa: RUF009
+    config_path: Path = default("config_path")  # noqa: RUF009
+    broker: str = default("broker")
+    app_id: str = default("app_id")
+    datadir: Path | None = default("datadir")  # noqa: RUF009
     topics: ProductTopics = field(default_factory=_default_topics)
-    tick_interval_s: float = _default("tick_interval_s")
-    lateness_ms: int = _default("lateness_ms")
-    idle_ms: int = _default("idle_ms")
-    max_skew_ms: int = _default("max_skew_ms")
-    output_format: str = _default("output_format")
-    web_port: int | None = _default("web_port")
-    batch_max: int = _default("batch_max")
-    state_cache_users: int = _default("state_cache_users")
-    batch_window_s: float = _default("batch_window_s")
-    state_write_interval_s: float = _default("state_write_interval_s")
-    fetch_max_wait_ms: int = _default("fetch_max_wait_ms")
-    consumer_loop: str = _default("consumer_loop")
-    summary_interval_s: float = _default("summary_interval_s")
-    commit_interval_s: float = _default("commit_interval_s")
-    session_timeout_s: float = _default("session_timeout_s")
-    replication_factor: int = _default("replication_factor")
-    standby_replicas: int = _default("standby_replicas")
-    security_protocol: str = _default("security_protocol")
-    sasl_mechanism: str = _default("sasl_mechanism")
-    sasl_username: str | None = field(default=_default("sasl_username"), repr=False)
-    sasl_password: str | None = field(default=_default("sasl_password"), repr=False)
-    ssl_cafile: str | None = _default("ssl_cafile")
-    ssl_certfile: str | None = _default("ssl_certfile")
-    ssl_keyfile: str | None = field(default=_default("ssl_keyfile"), repr=False)
-    api_host: str = _default("api_host")
-    api_port: int | None = _default("api_port")
-    api_url: str | None = _default("api_url")
-    api_token: str | None = field(default=_default("api_token"), repr=False)
-    api_token_file: Path | None = _default("api_token_file")  # noqa: RUF009
-    api_allow_no_token: bool = _default("api_allow_no_token")
-    api_tls_cert: Path | None = _default("api_tls_cert")  # noqa: RUF009
-    api_tls_key: Path | None = _default("api_tls_key")  # noqa: RUF009
-    api_tls_cafile: Path | None = _default("api_tls_cafile")  # noqa: RUF009
-    api_forward_timeout_s: float = _default("api_forward_timeout_s")
-    api_peers: str | None = _default("api_peers")
-    api_header_timeout_s: float = _default("api_header_timeout_s")
-    api_body_timeout_s: float = _default("api_body_timeout_s")
-    api_keepalive_s: float = _default("api_keepalive_s")
-    api_max_requests_per_connection: int = _default("api_max_requests_per_connection")
-    api_max_connections: int | None = _default("api_max_connections")
-    api_max_body_bytes: int = _default("api_max_body_bytes")
-    api_switch_interval_ms: float = _default("api_switch_interval_ms")
-    ready_max_lag: int = _default("ready_max_lag")
+    tick_interval_s: float = default("tick_interval_s")
+    lateness_ms: int = default("lateness_ms")
+    idle_ms: int = default("idle_ms")
+    max_skew_ms: int = default("max_skew_ms")
+    output_format: str = default("output_format")
+    web_port: int | None = default("web_port")
+    batch_max: int = default("batch_max")
+    state_cache_users: int = default("state_cache_users")
+    batch_window_s: float = default("batch_window_s")
+    state_write_interval_s: float = default("state_write_interval_s")
+    fetch_max_wait_ms: int = default("fetch_max_wait_ms")
+    consumer_loop: str = default("consumer_loop")
+    summary_interval_s: float = default("summary_interval_s")
+    commit_interval_s: float = default("commit_interval_s")
+    session_timeout_s: float = default("session_timeout_s")
+    replication_factor: int = default("replication_factor")
+    standby_replicas: int = default("standby_replicas")
+    security_protocol: str = default("security_protocol")
+    sasl_mechanism: str = default("sasl_mechanism")
+    sasl_username: str | None = field(default=default("sasl_username"), repr=False)
+    sasl_password: str | None = field(default=default("sasl_password"), repr=False)
+    ssl_cafile: str | None = default("ssl_cafile")
+    ssl_certfile: str | None = default("ssl_certfile")
+    ssl_keyfile: str | None = field(default=default("ssl_keyfile"), repr=False)
+    api_host: str = default("api_host")
+    api_port: int | None = default("api_port")
+    api_url: str | None = default("api_url")
+    api_token: str | None = field(default=default("api_token"), repr=False)
+    api_token_file: Path | None = default("api_token_file")  # noqa: RUF009
+    api_allow_no_token: bool = default("api_allow_no_token")
+    api_tls_cert: Path | None = default("api_tls_cert")  # noqa: RUF009
+    api_tls_key: Path | None = default("api_tls_key")  # noqa: RUF009
+    api_tls_cafile: Path | None = default("api_tls_cafile")  # noqa: RUF009
+    api_forward_timeout_s: float = default("api_forward_timeout_s")
+    api_peers: str | None = default("api_peers")
+    api_header_timeout_s: float = default("api_header_timeout_s")
+    api_body_timeout_s: float = default("api_body_timeout_s")
+    api_keepalive_s: float = default("api_keepalive_s")
+    api_max_requests_per_connection: int = default("api_max_requests_per_connection")
+    api_max_connections: int | None = default("api_max_connections")
+    api_max_body_bytes: int = default("api_max_body_bytes")
+    api_switch_interval_ms: float = default("api_switch_interval_ms")
+    ready_max_lag: int = default("ready_max_lag")
 
     @property
     def state_dir(self) -> Path:
@@ -336,7 +343,7 @@ class Settings:
         1000 and a quarter of the open-file limit."""
         if self.api_max_connections is not None:
             return self.api_max_connections
-        return max(1, min(1000, open_file_limit() // 4))
+        return max(1, min(API_CONNECTIONS_AT_MOST, open_file_limit() // 4))
 
     @property
     def broker_url(self) -> str:
@@ -432,7 +439,7 @@ def load_settings(
             problems.append(f"{where}={text!r}: must be {what.get(kind, kind.__name__)}")
     where_from = {name: where for name, (_, where) in given.items()}
     problems += _read_token_file(values, where_from)
-    topic_inputs = {name: values.pop(name, _default(name)) for name in _TOPIC_INPUTS}
+    topic_inputs = {name: values.pop(name, default(name)) for name in _TOPIC_INPUTS}
     if topic_inputs["partitions"] < 1:
         problems.append(
             f"{where_from.get('partitions', 'ORACULAR_PARTITIONS')}: must be a whole number "
