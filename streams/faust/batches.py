@@ -22,8 +22,8 @@ async def take_batches(
 
     `noack_take` runs every event through Faust's stream iterator in a task of its own (a
     loop turn, a buffer `get`, three coroutines and a processor per event): taking the
-    buffer a batch at a time cut the worker's CPU per event by about 30% (A/B medians of
-    4,773 and 6,858 events/s, BENCHMARKS.md). This keeps that iterator's bookkeeping for each
+    buffer a batch at a time cut the worker's CPU per event by a large share (an A/B in
+    BENCHMARKS.md). This keeps that iterator's bookkeeping for each
     event, as 0.15.3 has it (`faust/_cython/streams.pyx`, which Faust runs when its extension
     is built, and `Stream._py_aiter`): an event delivered before a rebalance (another
     consumer generation, or flow suspended) is skipped, and every other message is tracked as
@@ -32,8 +32,8 @@ async def take_batches(
     commit pass a record the new generation has not applied yet). The window differs: it
     runs from the start of the last batch, so batches start at most once a window but a batch
     that took longer than the window is followed at once (measured from the batch's end, the
-    window added its whole length to every batch's cycle at live rates: p50 / p99 31 / 74 ms
-    against 24 / 57 at 5,085 events/s, BENCHMARKS.md), and an event arriving after it has
+    window added its whole length to every batch's cycle at live rates: a higher p50 and p99,
+    BENCHMARKS.md), and an event arriving after it has
     passed is taken at once rather than at the next tick of the window, so a quiet worker
     answers sooner.
     """
@@ -93,9 +93,9 @@ class RawSchema(Schema):
 
     Faust's compiled decode runs every record's key and value through the registry (a codec
     lookup, the `raw` codec, a type check) and looks the event class up in the app's settings:
-    3.5% of the worker's time (py-spy) to hand over the same bytes. For this schema that is
-    the identity, so `compile` makes the event at once, as Faust's decode would (aiokafka
-    gives bytes or None; the raw codec and `bytes` type return them unchanged). Encoding
+    a visible share of the worker's time (py-spy, BENCHMARKS.md) to hand over the same bytes. For
+    this schema that is the identity, so `compile` makes the event at once, as Faust's decode would
+    (aiokafka gives bytes or None; the raw codec and `bytes` type return them unchanged). Encoding
     (sending ticks) is Faust's own. A test holds the events to those of Faust's decode.
     """
 

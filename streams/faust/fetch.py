@@ -104,8 +104,8 @@ def _waking_the_fetch(method: Callable[..., Any]) -> Callable[..., Any]:
     looked keeps its records in aiokafka's buffer, and aiokafka fetches nothing more of a
     partition with buffered records, so only another partition's records end the wait: here
     a tick, one a second per partition. Under a backlog the worker's input then stopped for
-    0.1-1 s each time the buffer had filled (predictions a second late for the first seconds
-    after a start, in half of the latency runs at 8,400 events/s). Woken, the call looks again
+    up to a second each time the buffer had filled (predictions late for the first seconds
+    after a start, in half of the latency runs; BENCHMARKS.md). Woken, the call looks again
     at once; when nothing new is there it waits on as before.
     """
 
@@ -174,7 +174,8 @@ def _fetch_waiting_by_traffic(proc: Callable[..., Any]) -> Callable[..., Any]:
     `fetch_max_wait_ms` while its broker has sent records within `BUSY_S`, and at least
     `IDLE_FETCH_WAIT_MS` otherwise. Records of the app's `quiet_topics` (the ticks, a
     record a second per partition) do not count: with them, an idle worker stayed "busy" for
-    good and sent 500 fetches a second (15% of a core, and as many requests to the broker).
+    good and sent a fetch every `fetch_max_wait_ms` (a share of a core, and as many requests
+    to the broker).
 
     Why a short wait while busy: aiokafka keeps one fetch in flight per broker, and a fetch
     names only the partitions with nothing buffered. When the busy partitions are all
@@ -182,7 +183,8 @@ def _fetch_waiting_by_traffic(proc: Callable[..., Any]) -> Callable[..., Any]:
     second), and the broker holds it until one of them gets a record or the wait ends; until
     it answers, no fetch of the busy partitions can go out. With Faust's 1,500 ms, the worker
     fell into reading its input in bursts a second apart in half of the latency runs
-    (predictions 0.5-1 s late); with 10 ms, every batch paid a few such waits (p50 40 ms).
+    (predictions up to a second late); with 10 ms, every batch paid a few such waits
+    (BENCHMARKS.md).
     Why a long wait while idle: a fetch of every partition is answered as soon as any record
     arrives, so waiting costs nothing then, and an idle worker sends two fetches a second
     instead of hundreds.

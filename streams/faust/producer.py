@@ -54,8 +54,8 @@ async def key_partitioner(producer: Any, topic: str) -> Callable[[bytes | None],
     """`key -> partition` of `topic` as the aiokafka `producer.send` picks it (the producer's
     partitioner over the topic's partitions), with the topic's metadata fetched first.
 
-    With aiokafka's default partitioner (murmur2 of the key, in pure Python: about 1.7 µs a
-    key, paid for every output record) a key's partition depends only on the key and the
+    With aiokafka's default partitioner (murmur2 of the key, in pure Python, paid for every
+    output record) a key's partition depends only on the key and the
     topic's partitions, so it is remembered per topic and partition set; a key of None (a
     random partition) is never remembered."""
     await producer.client._wait_on_metadata(topic)

@@ -53,10 +53,9 @@ class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):
     (milliseconds of Python each): every step of the consumer's thread (a fetch answer read, a
     record batch parsed, the next fetch sent, records handed over) waited for the GIL, up to
     the interpreter's 5 ms switch interval each time. At half the worker's throughput an input
-    record reached the agent 8-10 ms after it was produced, against 2 ms for a plain aiokafka
-    consumer (p50 / p99 produce -> prediction 16.8 / 34.1 ms threaded against 9.9 / 23.7 ms
-    here, BENCHMARKS.md). On the worker's loop the consumer's I/O runs between batches, with
-    nothing to wait for.
+    record reached the agent several times later than a plain aiokafka consumer's would
+    (p50 and p99 produce -> prediction threaded against here: BENCHMARKS.md). On the worker's loop
+    the consumer's I/O runs between batches, with nothing to wait for.
 
     Everything else is Faust's: the method queue (`call_thread` now hands the call to a task of
     the same loop), the rebalance callbacks, the service's start and shutdown. Three things of

@@ -52,11 +52,12 @@ PRODUCER_BATCH_BYTES: Final = 256 * 1024
 """Largest record batch the worker fills per partition (Faust's default is 16 KiB). A write of
 a backlog's held states (a few thousand changelog records of 1-2 KiB) came to dozens of
 batches per partition, and aiokafka hands a partition's next batch over only once the one
-before it is on its way: a write of 4,000 states spent 150 ms in those waits. Well below the
-broker's 1 MiB limit on a record batch (`message.max.bytes`)."""
+before it is on its way: a write of a few thousand states spent most of its time in those
+waits (BENCHMARKS.md). Well below the broker's 1 MiB limit on a record batch
+(`message.max.bytes`)."""
 TIMER_CLOSES_PER_BATCH: Final = 1_500
-"""The longest a mass close holds input up: a batch of 1,500 timer closes takes about 0.1 s
-(closes 28 µs each, their states' encoding 20 µs each, outputs and changelog; BENCHMARKS.md)."""
+"""The longest a mass close holds input up: a batch of this many timer closes (the closes,
+their states' encoding, outputs and changelog) stays a short pause (BENCHMARKS.md)."""
 
 
 def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) -> Any:

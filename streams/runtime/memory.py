@@ -11,9 +11,9 @@ class GcPolicy:
     """Keeps Python's cyclic collector off the long-lived states.
 
     The cache of decoded states and the deadline index are large and long-lived; left in the
-    collector's generations, every full (generation 2) collection walks them: 40 to 120 ms
-    pauses, several a minute, at 2,400 events/s with 10,000 users, which were the worker's
-    whole p99 latency (BENCHMARKS.md). So every `FREEZE_S` whatever is in the generations is
+    collector's generations, every full (generation 2) collection walks them: pauses of tens
+    of milliseconds, several a minute, which were the worker's whole p99 latency
+    (BENCHMARKS.md). So every `FREEZE_S` whatever is in the generations is
     frozen (`gc.freeze`, which only moves it aside): a collection then walks at most a
     second's worth of new objects. Frozen objects are still freed by reference counting when
     a state is replaced or evicted (the states hold no reference cycles). Once an hour
@@ -24,9 +24,8 @@ class GcPolicy:
     The per-second freeze does not collect first. A second's new objects are mostly the
     states of that second's users, all alive; collecting them before freezing found nothing
     to free in the worker (bad input, dead letters and lookups make no cycles either) and
-    cost 20-40 ms a second at 8,000 events/s, a pause on the loop every second
-    (BENCHMARKS.md). The cost: cyclic garbage made between two young collections waits for
-    the hourly collection.
+    cost a pause on the loop every second (BENCHMARKS.md). The cost: cyclic garbage made between two
+    young collections waits for the hourly collection.
     """
 
     FREEZE_S: Final = 1.0
@@ -36,8 +35,8 @@ class GcPolicy:
     """Allocations between two collections of the young generation (Python's default: 700).
     Applying an event makes dozens of short-lived records, and reference counting frees
     nearly all of them before any collection; a young collection every 700 allocations only
-    walks the batch's live objects again and again (about 7% of the processor's time in
-    `bench.processor`). The states hold no reference cycles, so nothing waits longer to be
+    walks the batch's live objects again and again (a measurable share of the processor's
+    time in `bench.processor`). The states hold no reference cycles, so nothing waits longer to be
     freed but cyclic garbage, which the next collection still takes."""
 
     def __init__(self, log: Any = None) -> None:

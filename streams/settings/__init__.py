@@ -158,9 +158,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("batch_window_s", "ORACULAR_BATCH_WINDOW_S", float, 0.005,
             "batches start at most this often: a batch that is not full waits until this "
             "long after the last one started (one that took longer is followed at once); "
-            "latency against batch size (5 ms: p99 22-24 ms at half load against 37-43 ms "
-            "with 10 ms; a backlog fills batches at once, so throughput is the same; "
-            "BENCHMARKS.md)"),
+            "latency against batch size (a shorter window, a lower p99 at half load; a "
+            "backlog fills batches at once, so throughput is the same; BENCHMARKS.md)"),
     Setting("fetch_max_wait_ms", "ORACULAR_FETCH_MAX_WAIT_MS", int, 2,
             "longest the broker holds a fetch that finds no new input while input arrives "
             "(an idle worker's fetches wait 500 ms); a fetch of quiet partitions holds the "
@@ -168,8 +167,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("consumer_loop", "ORACULAR_CONSUMER_LOOP", str, "worker",
             "where the Kafka consumer runs: `worker`, on the worker's event loop, or `thread`, "
             "in a thread of its own as Faust runs it (which waits for the GIL while the worker "
-            "applies batches: p50 / p99 latency 17 / 34 ms against 10 / 24 ms at half load, "
-            "BENCHMARKS.md)"),
+            "applies batches: a higher p50 and p99 latency at half load, BENCHMARKS.md)"),
     Setting("summary_interval_s", "ORACULAR_SUMMARY_INTERVAL_S", float, 30.0,
             "how often the worker logs its counters"),
     Setting("commit_interval_s", "ORACULAR_COMMIT_INTERVAL_S", float, 1.0,
