@@ -349,16 +349,21 @@ class Settings:
         hosts = [h.strip() for h in self.broker.split(",") if h.strip()]
         return ";".join(h if "://" in h else f"kafka://{h}" for h in hosts)
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the broker connection (SSL, SASL_SSL), else None."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        context = ssl.create_default_context(cafile=self.ssl_cafile)
+        if self.ssl_certfile:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
+
     def credentials(self) -> Any:
         """Faust broker credentials for TLS/SASL, or None for PLAINTEXT."""
         import faust  # noqa: PLC0415 - keep faust out of `oracular replay`
 
         protocol = self.security_protocol
-        context = None
-        if protocol in ("SSL", "SASL_SSL"):
-            context = ssl.create_default_context(cafile=self.ssl_cafile)
-            if self.ssl_certfile:
-                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        context = self.ssl_context()
         if protocol == "SSL":
             return faust.SSLCredentials(context)
         if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
@@ -375,10 +380,8 @@ class Settings:
         if self.security_protocol == "PLAINTEXT":
             return {}
         kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            context = ssl.create_default_context(cafile=self.ssl_cafile)
-            if self.ssl_certfile:
-                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        context = self.ssl_context()
+        if context is not None:
             kwargs["ssl_context"] = context
         if self.security_protocol.startswith("SASL"):
             kwargs.update(

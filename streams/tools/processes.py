@@ -56,7 +56,7 @@ def run_processes(
     still running; when it returns True, they are stopped as on SIGTERM."""
     children = [
         subprocess.Popen(
-            _dying_with_parent([sys.executable, "-m", "streams.cli", command, *argv]),
+            tied_to_parent([sys.executable, "-m", "streams.cli", command, *argv]),
             env=dict(env),
         )
         for env in environments
@@ -101,16 +101,18 @@ def run_processes(
     return code if code >= 0 else 128 - code
 
 
-def _dying_with_parent(cmd: list[str]) -> list[str]:
-    """`cmd` run so that it is killed when this supervisor dies (a SIGKILLed supervisor must
-    not leave workers running without it): util-linux's `setpriv --pdeathsig`, which execs
-    `cmd` in place (same pid); without setpriv, `cmd` as it is. SIGKILL, not SIGTERM: a
-    supervisor that dies has usually been killed for taking too long to stop, and a worker
-    already stopping would ignore a second SIGTERM and live on as an orphan (seen in a bench
-    run). A killed worker loses nothing: inputs are acknowledged only once applied and
-    stored."""
+def tied_to_parent(cmd: list[str], signal: str = "KILL") -> list[str]:
+    """`cmd` run so that it gets `signal` when the process starting it dies: util-linux's
+    `setpriv --pdeathsig`, which execs `cmd` in place (same pid); without setpriv, `cmd` as
+    it is. (Popen's preexec_fn could call prctl directly, but is unsafe once the parent has
+    threads.)
+
+    The supervisor's workers get SIGKILL, not SIGTERM: a supervisor that dies has usually
+    been killed for taking too long to stop, and a worker already stopping would ignore a
+    second SIGTERM and live on as an orphan (seen in a bench run). A killed worker loses
+    nothing: inputs are acknowledged only once applied and stored."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", *cmd] if setpriv else cmd
+    return [setpriv, "--pdeathsig", signal, *cmd] if setpriv else cmd
 
 
 def main_env() -> dict[str, str]:

@@ -38,7 +38,7 @@ def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path):
 
     assert shutil.which("setpriv"), "util-linux's setpriv is what ties workers to the supervisor"
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    child_cmd = streams.tools.processes._dying_with_parent([sys.executable, "-c", stubborn])
+    child_cmd = streams.tools.processes.tied_to_parent([sys.executable, "-c", stubborn])
     supervisor = subprocess.Popen(
         [
             sys.executable,
