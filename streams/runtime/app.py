@@ -160,11 +160,6 @@ def create_app(
     )
     inputs = raw_topic(app, topics.events.name, topics.ticks.name, partitions=partitions)
     ticks = raw_topic(app, topics.ticks.name, partitions=partitions)
-    outputs = {
-        PREDICTIONS: topics.predictions.name,
-        EPISODES: topics.episodes.name,
-        DLQ: topics.dlq.name,
-    }
     table = app.Table(
         STATE_TABLE,
         key_type=bytes,
@@ -189,9 +184,7 @@ def create_app(
         # ticks sent at once, so no batch stalls the worker for seconds on them.
         timer_closes_per_batch=TIMER_CLOSES_PER_BATCH,
     )
-    runtime = _Runtime(
-        app, processor, FaustTable(table), outputs, settings, ticks=ticks, backfill=backfill
-    )
+    runtime = _Runtime(app, processor, FaustTable(table), settings, backfill=backfill, ticks=ticks)
     fence_stale_changelog_records(table, runtime.repair)
     app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
     if (
@@ -255,11 +248,10 @@ class _Runtime:
         app: Any,
         processor: Processor,
         table: FaustTable,
-        outputs: dict[str, str],
         settings: Settings,
         *,
-        ticks: Any,
         backfill: Backfill | None = None,
+        ticks: Any,
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
         self.settings = settings
@@ -280,7 +272,11 @@ class _Runtime:
             processor,
             table,
             self.fence,
-            outputs,
+            {
+                PREDICTIONS: settings.topics.predictions.name,
+                EPISODES: settings.topics.episodes.name,
+                DLQ: settings.topics.dlq.name,
+            },
             write_interval_s=settings.state_write_interval_s,
             batch_max=settings.batch_max,
             faults=self.faults,
