@@ -346,7 +346,9 @@ class _Runtime:
         next_offset = self.positions.handled_offsets()
 
         def advance(messages: list[InMessage]) -> None:
-            backfill.advance(messages, next_offset, self.ticks_topic, self.processor.ticks_left_due)
+            backfill.advance(
+                messages, next_offset, self.ticks_topic, self.processor.took_tick_left_due
+            )
 
         return advance
 

@@ -88,27 +88,25 @@ class Backfill:
         messages: Iterable[InMessage],
         next_offset: Mapping[int, int],
         ticks_topic: str,
-        ticks_left_due: set[tuple[int, int]] | None = None,
+        left_due: Callable[[tuple[int, int]], bool] = lambda tick: False,
     ) -> None:
         """After a batch is written: move the progress line on, note partitions that had a
         tick once caught up, and call `done()` when every partition has.
 
-        A tick in `ticks_left_due` (partition, offset) closed only part of its partition's
-        due episodes (a batch closes at most so many; the worker ticks again at once for the
-        rest): it finishes nothing, and is forgotten here. The tick that closes the last of
-        them does, once its batch is written."""
+        A tick for which `left_due((partition, offset))` is True closed only part of its
+        partition's due episodes (a batch closes at most so many; the worker ticks again at
+        once for the rest): it finishes nothing (the processor forgets it as it answers). The
+        tick that closes the last of them does, once its batch is written."""
         batch = list(messages)
         if self.progress is not None:
             handled = sum(next_offset.get(p, start) - start for p, start in self.start.items())
             self.progress.advance(handled, count=len(batch))
-        left_due = set() if ticks_left_due is None else ticks_left_due
         for message in batch:
             if message.topic != ticks_topic:
                 continue
-            tick = (message.partition, message.offset)
-            if tick in left_due:
-                left_due.discard(tick)
-            elif self.caught_up(message.partition, next_offset):
+            if left_due((message.partition, message.offset)):
+                continue
+            if self.caught_up(message.partition, next_offset):
                 self.finished.add(message.partition)
         required = self.stop.keys() if self.owned is None else self.owned()
         if not self.reached and required and self.finished >= required:

@@ -435,6 +435,14 @@ class Processor:
         self.more_due.clear()
         return due
 
+    def took_tick_left_due(self, tick: tuple[int, int]) -> bool:
+        """True when the tick (partition, offset) closed only part of its partition's due
+        episodes (the rest go on a tick sent again); the tick is forgotten as this answers."""
+        if tick not in self.ticks_left_due:
+            return False
+        self.ticks_left_due.discard(tick)
+        return True
+
     def write_again(self, partition: int, keys: Iterable[bytes]) -> None:
         """Write these users of `partition` again on its next tick (their last changelog
         record was stale)."""

@@ -248,6 +248,8 @@ def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
     assert wanted_more == [{0}, {0}, set(), set()]  # the worker ticks partition 0 again at once
     # A backfill is finished by the third tick, not by the two that left closes due.
     assert capped.ticks_left_due == {(0, 0), (0, 1)}
+    assert capped.took_tick_left_due((0, 0)) and not capped.took_tick_left_due((0, 0))
+    assert not capped.took_tick_left_due((0, 2))
     assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
     assert capped.more_due == set()  # the last ticks closed everything due: no tick again
     [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
