@@ -68,9 +68,10 @@ from infra.processes import LoggedProcess
 from schemas.config import load_config
 from schemas.events import encode_event
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
-from streams.admin import ensure_topics_async
-from streams.backfill import committed_offsets
-from streams.topics import TopicSpec, product_topics
+from streams.settings import product_topics
+from streams.settings.topics import TopicSpec
+from streams.tools.admin import ensure_topics_async
+from streams.tools.backfill import committed_offsets
 
 SEED = 11
 PRODUCE_TIMEOUT_S = 1800.0

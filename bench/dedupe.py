@@ -1,6 +1,6 @@
 """`python -m bench.dedupe`: what remembering event ids costs (issue 31), offline.
 
-1. CPU: `streams.offline.replay_outputs` (the worker's own Processor over a dict table) of
+1. CPU: `streams.tools.replay.replay_outputs` (the worker's own Processor over a dict table) of
    EVENTS synthetic events (`bench/synthetic.py` clickstream, seed 7, every event with a unique
    id) under `examples/oracular.yaml`, with deduplication on (the default `dedupeWindow`, 24h)
    and off (`dedupeWindow: 0`), in alternating pairs; process CPU time per run (the other
@@ -24,7 +24,7 @@ from engine import EngineConfig
 from schemas.config import load_config
 from schemas.files import file_format, read_lines
 from schemas.stored import decode_stored
-from streams.offline import OfflineRun, replay_outputs
+from streams.tools.replay import OfflineRun, replay_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "oracular.yaml"

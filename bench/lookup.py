@@ -48,8 +48,8 @@ from bench.topics import create_topics, preload
 from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, helper
 from infra.broker import start_broker
 from schemas.config import load_config
-from streams.serving import partition_for
-from streams.topics import product_topics
+from streams.lookup.serving import partition_for
+from streams.settings import product_topics
 
 WINDOW_S = 8.0
 CLIENTS = 4

@@ -133,7 +133,7 @@ def _seconds(fn: Callable[[], None]) -> float:
 def stored_values(config_path: Path, events_path: Path) -> list[bytes]:
     """The table values a replay of the file leaves, one per user."""
     from schemas.files import read_lines  # noqa: PLC0415
-    from streams.offline import OfflineRun  # noqa: PLC0415
+    from streams.tools.replay import OfflineRun  # noqa: PLC0415
 
     config = load_config(config_path)
     run = OfflineRun(config, str(events_path), CLOCK)
@@ -164,7 +164,7 @@ def state_codec(config: EngineConfig, values: list[bytes], runs: int) -> tuple[f
 
 def measure(events: int, users: int, runs: int, seed: int = 11) -> Figures:
     """Generate the stream, write it to a temp file and measure (see the module docs)."""
-    from streams.memory import GcPolicy  # noqa: PLC0415
+    from streams.runtime.memory import GcPolicy  # noqa: PLC0415
 
     GcPolicy.tune()  # as `oracular replay` does: both sides run under the same collector
     config = load_config(CONFIG)

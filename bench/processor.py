@@ -23,8 +23,8 @@ from typing import Any
 
 from schemas.config import load_config
 from schemas.events import encode_event
-from streams.memory import GcPolicy
-from streams.processor import InMessage, Processor, Table
+from streams.runtime.memory import GcPolicy
+from streams.runtime.processor import InMessage, Processor, Table
 
 from .synthetic import clickstream
 
@@ -37,11 +37,15 @@ class _DictTable(Table):
     def __init__(self) -> None:
         self.values: dict[Any, bytes] = {}
 
-    def get(self, key: bytes, context: Any) -> bytes | None:
-        return self.values.get((context, key))
+    def get(self, key: bytes, partition: int) -> bytes | None:
+        return self.values.get((partition, key))
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:
-        self.values[context, key] = value
+    def set(self, key: bytes, value: bytes, partition: int) -> None:
+        self.values[partition, key] = value
+
+    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
+        for key, value, partition in writes:
+            self.set(key, value, partition)
 
 
 def messages(events: int, users: int) -> list[InMessage]:
@@ -54,7 +58,7 @@ def messages(events: int, users: int) -> list[InMessage]:
         key = event.user.encode()
         partition = zlib.crc32(key) % PARTITIONS
         offset, offsets[partition] = offsets[partition], offsets[partition] + 1
-        out.append(InMessage("events", partition, offset, key, encode_event(event), now, None))
+        out.append(InMessage("events", partition, offset, key, encode_event(event), now))
     return out
 
 
@@ -71,10 +75,8 @@ def run(inputs: list[InMessage]) -> float:
     for start in range(0, len(inputs), BATCH):
         batch = processor.batch(table)
         processor.run_batch(batch, inputs[start : start + BATCH], lambda _: True, lambda: wall)
-        processor.hold(batch)  # as the worker does once a batch's outputs are out
-        for key, value, context in processor.unwritten_writes():
-            table.set(key, value, context)
-        processor.written()
+        processor.stage(batch)  # as the worker does once its outputs are out
+        processor.commit(table.set_all)
         memory.tick()  # the worker's is per second; this one checks per batch
     took = time.perf_counter() - started
     if processor.counts["applied"] != len(inputs):  # measuring dead letters would be no use

@@ -22,7 +22,7 @@ from bench.workers import Worker
 from engine import EngineConfig, Event
 from infra.broker import Broker
 from infra.processes import peak_rss_bytes, rss_bytes
-from streams.app import STATE_TABLE
+from streams.settings.topics import STATE_TABLE
 
 HUGE_LATENESS_MS = 10 * 365 * 24 * 3600 * 1000
 """Ten years of lateness: no watermark reaches a deadline, so every episode stays open."""

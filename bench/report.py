@@ -208,7 +208,7 @@ def section(r: Results, command: str) -> str:
         "where the tests' broker waits 0).",
         "Worker: `python -m streams.cli worker --config examples/oracular.yaml`, one process, "
         f"ORACULAR_PARTITIONS={PARTITIONS}, at-least-once, RocksDB, a new app id, topic prefix "
-        "and datadir per run, other settings default (batches: `streams/settings.py`)"
+        "and datadir per run, other settings default (batches: `streams/settings/`)"
         + (
             "; with " + ", ".join(f"{k}={v}" for k, v in p.worker_env.items())
             if p.worker_env
@@ -320,7 +320,7 @@ def scale_out_text(r: Results) -> list[str]:
         f"**Scale-out** (in the same alternation, {len(r.scaled)} runs; medians above). "
         f"`oracular worker --processes {n}`: one new app id per run (the same scheme as the "
         f"one-process runs), {n} processes splitting the {PARTITIONS} input partitions "
-        "(`streams/processes.py`; datadirs `<datadir>/p<i>`). Events/s: "
+        "(`streams/tools/processes.py`; datadirs `<datadir>/p<i>`). Events/s: "
         f"{_list(r.scaled, 'rate')} against one process's {_list(r.pipeline, 'rate')}: "
         f"{many / one:.2f}× the one-process rate. Events applied per process: "
         f"{', '.join(row['applied_by_process'] for row in r.scaled)}. The last process was "

@@ -23,8 +23,8 @@ from bench.synthetic import clickstream
 from infra.processes import rss_bytes
 from schemas.config import load_config
 from schemas.ticks import encode_tick
-from streams.offline import DictTable
-from streams.processor import Batch, InMessage, Processor
+from streams.runtime.processor import Batch, InMessage, Processor
+from streams.tools.replay import DictTable
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "oracular.yaml"
 EVENTS, TICKS = "oracular.events", "oracular.ticks"

@@ -11,8 +11,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from bench.workers import PARTITIONS
 from engine import Event
 from schemas.events import encode_event
-from streams.admin import ensure_topics_async
-from streams.topics import TopicSpec
+from streams.settings.topics import TopicSpec
+from streams.tools.admin import ensure_topics_async
 
 
 async def preload(bootstrap: str, topic: str, events: Sequence[Event]) -> float:

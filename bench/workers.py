@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.processes import READY_LINE, REPO_ROOT, LoggedProcess, child_env, log_time
-from streams.topics import product_topics
+from streams.settings import product_topics
 
 ROOT = REPO_ROOT
 CONFIG = ROOT / "examples" / "oracular.yaml"

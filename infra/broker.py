@@ -6,7 +6,7 @@ Used three ways:
   ``make broker-down`` and ``make topics`` run). ``up`` prints the bootstrap address and writes
   it to ``<runtime dir>/bootstrap.txt``.
 - Test fixtures: ``start_broker(workdir, port=None)`` returns a :class:`Broker` (``.bootstrap``,
-  ``.stop()``); ``streams.admin.ensure_topics(bootstrap, specs)`` creates topics idempotently.
+  ``.stop()``); ``streams.tools.admin.ensure_topics(bootstrap, specs)`` creates topics idempotently.
 - ``fetch_jars()`` alone, to warm the jar cache (``make kafka``).
 
 How it works: Maven copies ``kafka_2.13`` and a log4j2 binding (``infra/pom.xml``) into a cache
@@ -40,15 +40,15 @@ from typing import Final
 
 # Shared with the tests' and the benchmarks' worker processes.
 from infra.processes import LOG_TAIL_LINES, rss_bytes, tail, tied_to_parent
+from streams.settings import product_topics
 
-# Topic creation, the readiness probe and BrokerError live in streams.admin: the installed
+# Topic creation, the readiness probe and BrokerError live in streams.tools.admin: the installed
 # worker needs them too, and infra/ is not installed.
-from streams.admin import (
+from streams.tools.admin import (
     BrokerError,
     ensure_topics,
     probe_async,
 )
-from streams.topics import product_topics
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent

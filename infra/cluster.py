@@ -56,7 +56,7 @@ from infra.broker import (
     spawn,
     wait_ready,
 )
-from streams.admin import quiet_aiokafka
+from streams.tools.admin import quiet_aiokafka
 
 NODES = 3
 DEFAULT_DIR = REPO_ROOT / "var" / "cluster"

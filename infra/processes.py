@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn, Self
+
+from streams.tools.processes import tied_to_parent as product_tied_to_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_LINE = "Worker ready"
@@ -41,15 +42,10 @@ FAUST_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
 def tied_to_parent(cmd: list[str]) -> list[str]:
-    """`cmd` wrapped so that it gets SIGTERM when the process starting it dies.
-
-    Test sessions use it, so a pytest run that is killed leaves no broker or worker behind.
-    util-linux's setpriv sets the Linux parent-death signal and execs `cmd` (same pid); it is
-    on every Debian/Ubuntu system. Without it, `cmd` runs untied. (Popen's preexec_fn could
-    call prctl directly, but is unsafe once the test process has threads.)
-    """
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
+    """`cmd` wrapped so that it gets SIGTERM when the process starting it dies (the product's
+    `streams.tools.processes.tied_to_parent`). Test sessions use it, so a pytest run that is
+    killed leaves no broker or worker behind."""
+    return product_tied_to_parent(cmd, "TERM")
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -4,7 +4,7 @@ A tick is a msgpack array `[sent_at]`: the wall-clock time (epoch ms) the timer 
 travels through the same partition as the input it sits beside, so the partition's owner
 applies it in order with the input: it closes the episodes due by the partition's watermark.
 
-A worker that was frozen while writing its changelog (`streams/fencing.py`) sends
+A worker that was frozen while writing its changelog (`streams/runtime/fencing.py`) sends
 `[sent_at, [key, ...]]`: the users whose last changelog record may be the frozen worker's
 stale one. The partition's owner writes those users' current states again.
 

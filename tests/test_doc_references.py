@@ -3,11 +3,12 @@ quoted in the Markdown docs exists (README.md, docs/*.md, the packages' READMEs,
 and CHANGELOG.md's Unreleased section; released entries describe the past and stay as written, as
 do entries recording a removal or a rename).
 The product's docs and code cite no file that is not in the repository.
+The docs quote measured rates and latencies only from BENCHMARKS.md's "Current figures" table.
 
 Checked: every word of an inline code span or a fenced code block, every relative Markdown
 link, and every path in running text (`docs/x.md`, `streams/x.py`, `NAME.md`). A quoted word is
 taken as a repository path when its first segment is a top-level entry of the repository
-(`streams/app.py`, `docs/time.md`, `examples/oracular.yaml`, `Makefile`); a link is resolved
+(`streams/runtime/app.py`, `docs/time.md`, `examples/oracular.yaml`, `Makefile`); a link is resolved
 from its page. Paths under var/ and .cache/ are made at run time and not checked; a `*` in a
 path must match at least one file.
 """
@@ -253,3 +254,56 @@ def test_nothing_cites_files_outside_the_repository() -> None:
             if CITATIONS.search(line):
                 problems.append(f"{path}:{number}: {line.strip()}")
     assert problems == []
+
+
+FIGURE_DOCS = [d for d in DOCS if d not in {"BENCHMARKS.md", "CHANGELOG.md"}]
+"""The docs that may quote measured figures: all but the benchmark log itself and the changelog
+(a record of what each change did at the time)."""
+RATE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*(?:events/s\b|events per second|events a second)")
+PERCENTILE = re.compile(r"\bp(?:50|90|95|99)\b[^.;|\n]{0,40}?(\d+(?:\.\d+)?)\s*ms\b")
+
+
+def current_figures() -> set[str]:
+    """Every number in BENCHMARKS.md's "Current figures" table (its value column)."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = re.search(r"^## Current figures\n(.*?)(?=^#)", text, re.MULTILINE | re.DOTALL)
+    assert section, 'BENCHMARKS.md opens with a "## Current figures" section'
+    values = set()
+    for row in section.group(1).splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] not in {"what", "---"}:
+            values |= {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", cells[1])}
+    assert values, 'the "Current figures" table has values'
+    return values
+
+
+def figure_problems(doc: str, text: str, figures: set[str]) -> list[str]:
+    """Rates (events/s) and latency percentiles a doc quotes that the table does not hold."""
+    problems = []
+    for pattern in (RATE, PERCENTILE):
+        for match in pattern.finditer(text):
+            number = match.group(1).replace(",", "")
+            if number not in figures:
+                line = text.count("\n", 0, match.start()) + 1
+                problems.append(
+                    f"{doc}:{line}: `{match.group(0)}` is not in BENCHMARKS.md's current "
+                    "figures: link to them instead"
+                )
+    return problems
+
+
+@pytest.mark.parametrize("doc", FIGURE_DOCS)
+def test_docs_quote_figures_only_from_the_current_figures_table(doc: str) -> None:
+    """A measured rate or latency in a doc is one of BENCHMARKS.md's current figures (or the
+    doc links to them and quotes none), so no doc keeps last week's numbers."""
+    assert figure_problems(doc, doc_text(doc), current_figures()) == []
+
+
+def test_the_figure_check_can_fail() -> None:
+    text = "one process: 12,000 events/s, p99 about 31 ms; the table's 16,692 events/s is fine"
+    assert figure_problems("docs/x.md", text, {"16692"}) == [
+        "docs/x.md:1: `12,000 events/s` is not in BENCHMARKS.md's current figures: link to "
+        "them instead",
+        "docs/x.md:1: `p99 about 31 ms` is not in BENCHMARKS.md's current figures: link to "
+        "them instead",
+    ]

@@ -33,8 +33,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from infra.cluster import Cluster, Partition, start_cluster, topic_replication
 from infra.processes import tail
 from schemas.outputs import decode_output
-from streams.admin import BrokerError, ensure_topics_async
-from streams.topics import TopicSpec
+from streams.settings.topics import TopicSpec
+from streams.tools.admin import BrokerError, ensure_topics_async
 from tests.integration.conftest import _unavailable
 from tests.integration.support import Record
 from tests.integration.worker_support import Deployment, TopicReader

@@ -62,7 +62,7 @@ class Fleet:
 
     async def restart_fenced(self) -> None:
         """Restart workers that stopped themselves after a freeze (exit code 75, EX_TEMPFAIL:
-        `streams.fencing.EXIT_FENCED`), as a process supervisor would."""
+        `streams.runtime.fencing.EXIT_FENCED`), as a process supervisor would."""
         for n, worker in enumerate(self.workers):
             process = worker.process
             if n in self.down or n in self.busy or process is None or process.poll() != 75:

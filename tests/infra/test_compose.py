@@ -7,7 +7,7 @@ import re
 import yaml
 
 from infra.broker import INFRA_DIR, POM, SINGLE_NODE_SETTINGS
-from streams.topics import product_topics
+from streams.settings import product_topics
 
 
 def compose() -> dict:  # type: ignore[type-arg]

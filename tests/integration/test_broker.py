@@ -8,8 +8,9 @@ import msgpack
 import pytest
 
 from infra.broker import main
-from streams.admin import BrokerError, ensure_topics, ensure_topics_async
-from streams.topics import TopicSpec, product_topics
+from streams.settings import product_topics
+from streams.settings.topics import TopicSpec
+from streams.tools.admin import BrokerError, ensure_topics, ensure_topics_async
 
 from .support import consume_until, produce
 

@@ -1,7 +1,7 @@
 """Durable state after a SIGKILL at each step of a batch (issue 9, item 4).
 
-`streams.faults.KillSwitch` (`ORACULAR_TEST_KILL_AT=STEP:N`) SIGKILLs the worker right after one
-step of its N-th batch: `outputs` (delivered), `stored` (local RocksDB written), `changelog`
+`streams.runtime.faults.KillSwitch` (`ORACULAR_TEST_KILL_AT=STEP:N`) SIGKILLs the worker right after
+one step of its N-th batch: `outputs` (delivered), `stored` (local RocksDB written), `changelog`
 (changelog records acknowledged) or `acked` (inputs acknowledged). For each step, with the
 datadir kept or deleted, a worker applies a generated stream while it is produced, its timer
 closing episodes by event time all along, is killed there, restarts without the hook and
@@ -41,8 +41,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from engine import Event
 from schemas.stored import decode_stored
-from streams.app import STATE_TABLE
-from streams.faults import KillSwitch
+from streams.runtime.faults import KillSwitch
+from streams.settings.topics import STATE_TABLE
 
 from .conftest import WorkerFactory
 from .support import FaustWorker, Record, wait_killed

@@ -3,9 +3,9 @@
 A GC or VM pause (here SIGSTOP, at one exact step: `ORACULAR_TEST_KILL_AT=handed:1:stop`, right
 after the worker handed a batch's changelog records to its producer) lets the group evict the
 worker and another one take its partitions. When the frozen worker resumes, its records go out
-*after* the new owner's, and it exits (code 75, streams/fencing.py) for a supervisor to restart
-it. Its local RocksDB copies must not claim to hold changelog records they never read: were it
-to store its own late records' offsets as the point its copies are restored from, a restart
+*after* the new owner's, and it exits (code 75, streams/runtime/fencing.py) for a supervisor to
+restart it. Its local RocksDB copies must not claim to hold changelog records they never read: were
+it to store its own late records' offsets as the point its copies are restored from, a restart
 would skip everything the new owner wrote before them, and go on from the committed offsets
 with those users stale or missing (their inputs are never read again).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.fencing import EXIT_FENCED
+from streams.runtime.fencing import EXIT_FENCED
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker

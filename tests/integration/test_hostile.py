@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.front import EVICT_IDLE_S
+from streams.lookup.front import EVICT_IDLE_S
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S
@@ -219,7 +219,7 @@ ATTACKS: list[Attack] = [
     ("1 GB declared body", huge_declared_body),
 ]
 STORM: list[Attack] = [("2,000 concurrent clients", many_clients)]
-"""Before the API accepted connections itself (streams.front.Acceptor), the storm took the
+"""Before the API accepted connections itself (streams.lookup.front.Acceptor), the storm took the
 worker to its open-file limit in 2 of 3 runs on a busy 2-core CI machine: asyncio's server
 accepted sockets on every turn of a starved loop faster than they were admitted or closed."""
 
@@ -305,7 +305,9 @@ async def attack_a_worker(
     dep = deployment(kafka, request.node.name, settings={**EVENT_TIME_ONLY, **LIMITS})
     await dep.create_topics()
     argv = ["prlimit", f"--nofile={WORKER_FILES}:{WORKER_FILES}", "--", *dep.argv()]
-    worker = faust_worker("streams.app", app_id=dep.app_id, env=dep.env(), argv=argv).start()
+    worker = faust_worker(
+        "streams.runtime.app", app_id=dep.app_id, env=dep.env(), argv=argv
+    ).start()
     assert worker.process is not None  # prlimit runs the worker in its own process (exec)
     api = Api(api_url(worker))
     api_process = api_pid(worker)  # the lookup API's own process (the same file limit)

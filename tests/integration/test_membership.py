@@ -1,7 +1,7 @@
 """`faust_patches.membership` against the real broker: the heartbeat a worker sends after a
 long pause tells it whether it is still a member of its group's current generation.
 
-A stalled worker asks before it writes (streams/fencing.py `Fence.may_write`), so the answer
+A stalled worker asks before it writes (streams/runtime/fencing.py `Fence.may_write`), so the answer
 must be right in both directions: a member that was evicted while frozen must hear "lost", and
 one that was not must hear "member" (else it would drop every batch after a pause).
 """
@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streams import faust_patches
+from streams.faust import patches as faust_patches
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Real holes in the input's offsets, against the real broker: the worker neither hangs nor loses.
 
-With Faust's dropped-input bug patched (streams/faust_patches.py), a jump in a partition's
+With Faust's dropped-input bug patched (streams/faust/delivery.py), a jump in a partition's
 offsets is a hole in the log itself, and the worker counts it and goes on:
 - transactions: each commit or abort writes a marker that takes an offset, and the records of
   an aborted transaction are never delivered (the worker reads committed records only);
@@ -58,7 +58,7 @@ CHUNK = 40  # events per produce step (plain, committed transaction, aborted tra
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment) -> FaustWorker:
     """A worker for `dep` (not yet started) running `oracular worker`."""
-    return faust_worker("streams.app", app_id=dep.app_id, env=dep.env(), argv=dep.argv())
+    return faust_worker("streams.runtime.app", app_id=dep.app_id, env=dep.env(), argv=dep.argv())
 
 
 async def assert_equals_replay_of(dep: Deployment, events: Sequence[Event], until: int) -> None:

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from engine import EngineConfig, EngineState, Event, Replayer, predict, timeout_deadline
-from streams.serving import partition_for
+from streams.lookup.serving import partition_for
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker
@@ -55,7 +55,9 @@ API_PROCESS_LINE = re.compile(r"lookup API process: (\d+)")
 
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
-    return faust_worker("streams.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
+    return faust_worker(
+        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
+    )
 
 
 def api_url(worker: FaustWorker) -> str:

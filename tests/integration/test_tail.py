@@ -12,9 +12,9 @@ from aiokafka import AIOKafkaProducer
 
 from infra.broker import REPO_ROOT
 from schemas.outputs import dlq_message, encode_output
-from streams.admin import ensure_topics_async
-from streams.cli_common import EXIT_UNAVAILABLE
-from streams.topics import TopicSpec
+from streams.settings.exits import EXIT_UNAVAILABLE
+from streams.settings.topics import TopicSpec
+from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 
 pytestmark = pytest.mark.integration

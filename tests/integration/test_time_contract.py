@@ -33,7 +33,7 @@ from engine import END_OF_TIME, EngineConfig, Event
 from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output, episode_id
-from streams.offline import replay_outputs
+from streams.tools.replay import replay_outputs
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker, Record
@@ -77,7 +77,9 @@ CLOSE_TIMEOUT_S = 30.0  # a close the watermark made due has been published
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
     """A worker for `dep` (not yet started) running `oracular worker`."""
-    return faust_worker("streams.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
+    return faust_worker(
+        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
+    )
 
 
 Timed = tuple[bytes, bytes, int | None]

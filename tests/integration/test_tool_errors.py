@@ -12,9 +12,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.broker import REPO_ROOT
-from streams.admin import ensure_topics_async
-from streams.cli_common import EXIT_UNAVAILABLE
-from streams.topics import product_topics
+from streams.settings import product_topics
+from streams.settings.exits import EXIT_UNAVAILABLE
+from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 
 from .support import consume_until

@@ -17,10 +17,10 @@ from engine import END_OF_TIME
 from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output
-from streams.admin import ensure_topics_async
-from streams.app import TIMER_CLOSES_PER_BATCH
-from streams.datadir import MARKER
-from streams.topics import product_topics
+from streams.runtime.app import TIMER_CLOSES_PER_BATCH
+from streams.runtime.datadir import MARKER
+from streams.settings import product_topics
+from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 
 from .worker_support import expected_outputs
@@ -224,7 +224,7 @@ def test_reset_refuses_while_a_worker_runs(kafka, name, faust_worker, tmp_path):
     prefix = name("busy")
     app_id = f"{prefix}-app"
     worker = faust_worker(
-        "streams.app",
+        "streams.runtime.app",
         app_id=app_id,
         env={
             "ORACULAR_TOPIC_PREFIX": prefix,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from infra.broker import REPO_ROOT
-from streams.admin import ensure_topics_async
-from streams.cli_common import EXIT_NOTHING, EXIT_REFUSED
-from streams.topics import product_topics
+from streams.settings import product_topics
+from streams.settings.exits import EXIT_NOTHING, EXIT_REFUSED
+from streams.tools.admin import ensure_topics_async
 from tests.cli import run_oracular
 
 from .test_tool_errors import _env as tool_env

@@ -1,6 +1,6 @@
 """Helpers for the `oracular worker` tests: deployments, streams, expected outputs, readers.
 
-The reference is the offline replay of the same events (`streams.offline.replay_outputs`,
+The reference is the offline replay of the same events (`streams.tools.replay.replay_outputs`,
 what `oracular replay` runs). Every wait is bounded by a named timeout and fails saying what
 was seen.
 """
@@ -28,11 +28,11 @@ from schemas.config import load_config
 from schemas.events import encode_event as schema_encode_event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
-from streams.admin import ensure_topics_async
-from streams.app import STATE_TABLE
-from streams.offline import replay_outputs
-from streams.processor import EPISODES, PREDICTIONS
-from streams.topics import ProductTopics, product_topics
+from streams.runtime.processor import EPISODES, PREDICTIONS
+from streams.settings import product_topics
+from streams.settings.topics import STATE_TABLE, ProductTopics
+from streams.tools.admin import ensure_topics_async
+from streams.tools.replay import replay_outputs
 
 from .support import POLL_INTERVAL_S, FaustWorker, Record, unique_name
 

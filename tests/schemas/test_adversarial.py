@@ -316,7 +316,7 @@ def _clock_past_the_end_of_time(value: list) -> None:
 )
 def test_a_stored_value_with_impossible_numbers_is_unreadable(corrupt, in_header):
     """decode_stored: "StateFormatError: the bytes are not a stored user"; the worker
-    quarantines such a user instead of applying events to it (streams/processor.py), and
+    quarantines such a user instead of applying events to it (streams/runtime/processor.py), and
     rebuild() skips a header stored_index cannot read."""
     from engine import StateFormatError
     from schemas.stored import decode_stored, stored_index

@@ -262,7 +262,7 @@ def test_msgpack_bytes_that_cannot_be_split_stop_the_file_at_their_message(befor
 def test_replay_dead_letters_a_refused_msgpack_file_message_with_its_bytes():
     """The rows reach the replay's DLQ output as the worker's dead letters do."""
     from schemas.config import load_config
-    from streams.offline import OfflineRun
+    from streams.tools.replay import OfflineRun
 
     bad = msgpack.packb({**GOOD, "p": float("nan")})
     run = OfflineRun(load_config(Path(__file__).parents[2] / "examples" / "oracular.yaml"))

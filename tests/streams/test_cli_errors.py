@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from streams.cli import _parser, main
-from streams.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE
+from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from tests.cli import run_oracular
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ def test_the_faust_worker_has_no_spinner_when_stdout_is_not_a_terminal(monkeypat
     """Faust's spinner writes cursor codes and backspaces to a file or pipe: none there."""
     import faust
 
-    from streams.cli_kafka import faust_worker
+    from streams.cli.kafka import faust_worker
 
     app = faust.App("spinner-test", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
     monkeypatch.setattr(sys, "stdout", io.StringIO())
@@ -227,7 +227,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_uses_carriage_returns_only_on_a_terminal():
-    from streams.progress import Progress
+    from streams.runtime.progress import Progress
 
     for stream, control in ((io.StringIO(), False), (_Terminal(), True)):
         progress = Progress("backfill", total=10, unit="messages", stream=stream)
@@ -372,7 +372,7 @@ def test_a_config_with_several_problems_names_each_with_a_hint(tmp_path, capsys)
 
 
 def test_query_of_a_user_with_no_input_yet_prints_no_offset_none():
-    from streams.query import render
+    from streams.lookup.query import render
 
     body = {
         "user": "u9",

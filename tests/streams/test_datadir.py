@@ -1,4 +1,4 @@
-"""streams/datadir.py: a datadir is private (0700) and tied to its app by a marker."""
+"""streams/runtime/datadir.py: a datadir is private (0700) and tied to its app by a marker."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from schemas.config import load_config
-from streams.datadir import MARKER, DatadirError, check_owner, prepare, read_owner
+from streams.runtime.datadir import MARKER, DatadirError, check_owner, prepare, read_owner
 
 
 def mode(path: Path) -> int:
@@ -51,7 +51,7 @@ def test_another_apps_datadir_is_refused_in_one_line(
 def test_the_worker_refuses_another_apps_datadir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from streams.app import create_app
+    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
 
     config = load_config("examples/oracular.yaml")

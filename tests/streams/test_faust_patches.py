@@ -1,4 +1,4 @@
-"""The faust-streaming 0.15.3 patches (streams/faust_patches.py), without a broker.
+"""The faust-streaming 0.15.3 patches (streams/faust/registry.py lists them), without a broker.
 
 Faust's real consumer runs its real fetch loop (`_drain_messages`) and its real recovery step
 (`Recovery.on_recovery_completed`) against a scripted partition: a fake aiokafka consumer with a
@@ -38,8 +38,13 @@ from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 from mode.threads import QueueServiceThread, ServiceThread
 
-from streams import faust_patches
-from streams.faust_patches import FAUST_VERSION, FaustVersionError
+from streams.faust import delivery as faust_delivery
+from streams.faust import fetch as faust_fetch
+from streams.faust import patches as faust_patches
+from streams.faust import upstream as faust_upstream
+from streams.faust import worker_loop as faust_worker_loop
+from streams.faust.config import ConsumerSettings, configure
+from streams.faust.patches import FAUST_VERSION, FaustVersionError
 
 INPUT = TP("events", 0)
 CHANGELOG = TP("app-state-changelog", 0)
@@ -50,35 +55,10 @@ QUEUE_SIZE = 2  # a stream buffer that fills up (stream_buffer_maxsize)
 SCENARIO_TIMEOUT_S = 30.0  # each scenario takes milliseconds; this only bounds a hang
 UNPATCHED = os.environ.get("ORACULAR_FAUST_UNPATCHED") == "1"
 
-SOURCE_SHA256 = {
-    # (class, method) -> sha256 of the 0.15.3 source the patch replaces. A new value means
-    # Faust changed that method: re-read it against the patch before updating the hash.
-    "Consumer._drain_messages": "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
-    "Consumer._add_gap": "4df2573ded7c1c2cde04dc6bde6d4480cb5875ef565256e56966b585ae39b1c1",
-    "Consumer._new_offset": "1d2c7ea89a7ad4f1a216c1d51936e569162cd66bd56f889e13fd29c910b58eb0",
-    "Recovery.on_recovery_completed": (
-        "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac"
-    ),
-    "AIOKafkaConsumerThread._fetch_records": (
-        "39a2c6c79fc1455a199629912b533458a720c64983bc957420a42feef6593baa"
-    ),
-    "Fetcher._proc_fetch_request": (  # aiokafka 0.14.0's
-        "59bf948fff47eed580671971252454daa614df479733f3bedfefe95bc4d8ad30"
-    ),
-    "AIOKafkaConsumerThread._create_worker_consumer": (
-        "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7"
-    ),
-    "ProducerBuffer.wait_until_ebb": (
-        "758dd5744044071bbc79609fa8e5bfc339818f186bc19b723de2c4c877412e00"
-    ),
-    "Consumer.on_buffer_drop": "4b57e8a418d5ad9c58632b13b58b377ae185855520fd1280870cf7141ac0d1d0",
-    "Consumer.resume_partitions": (
-        "afe6b7c02a41d63cd46d47a03f09b547c85289c108de21d682970057d1015c3b"
-    ),
-    "Consumer._new_consumer_thread": (  # the aiokafka driver's Consumer
-        "0870ec53dea75083995e3565c0f0a25a1c63ecceaeb238e92e2585e3623af5a9"
-    ),
-}
+SOURCE_SHA256 = {patch.method: patch.source_sha256 for patch in faust_patches.PATCHES}
+"""(class, method) -> sha256 of the upstream source each patch replaces, as the registry
+(streams/faust/registry.py) pins it. A new value means Faust changed that method: re-read it
+against the patch before updating the registry's hash."""
 
 SERVICE_THREAD_SHA256 = {
     # What `ConsumerOnWorkerLoop` runs of mode-streaming's ServiceThread (its start, serve and
@@ -106,7 +86,7 @@ SERVICE_THREAD_SHA256 = {
 }
 
 CONDUCTOR_HANDLER_SHA256 = "9fbc0538097aa4eca6113b99df8d17605ae72a6b5030482f041a183f4cc34df1"
-"""`Conductor._compile_message_handler` of 0.15.3, whose lookup `faust_patches._handler`
+"""`Conductor._compile_message_handler` of 0.15.3, whose lookup `faust_delivery._handler`
 repeats without the lock when no one holds it."""
 
 
@@ -599,7 +579,7 @@ async def _read_after_the_buffer_filled(workers: list[Worker], timeout: float) -
     thread = consumer._thread
     active = consumer._get_active_partitions()
     reading = asyncio.ensure_future(
-        faust_patches._fetch_records(thread, thread._consumer, active, timeout=timeout)
+        faust_fetch._fetch_records(thread, thread._consumer, active, timeout=timeout)
     )
     await _wait_until(scripted.waiting, "the fetch loop waiting for records")
     consumer.on_buffer_drop(INPUT)  # the agent drained its buffer: INPUT is active again
@@ -682,7 +662,7 @@ async def test_the_fetch_loop_marks_only_absent_offsets_as_a_gap(patched, worker
     consumer._committed_offset[INPUT] = 10
     consumer._read_offset[INPUT] = 10
     consumer.app.topics._acking_topics.add(INPUT.topic)
-    assert await faust_patches._deliver(consumer, INPUT, SimpleNamespace(offset=12))
+    assert await faust_delivery._deliver(consumer, INPUT, SimpleNamespace(offset=12))
     assert sorted((i.begin, i.end) for i in consumer._gap[INPUT]) == [(10, 12)]
     assert worker.buffer.items == [12] and consumer._read_offset[INPUT] == 13
     _ack(consumer, 12)
@@ -712,8 +692,9 @@ async def test_the_worker_consumer_fetch_wait_is_the_apps(request, workers, patc
     input arrives); upstream, Faust's 1.5 s."""
     request.getfixturevalue(patch)
     consumer = make_worker(workers).consumer
-    consumer.app.fetch_max_wait_ms = 25
-    consumer.app.fetch_quiet_topics = {"ticks"}
+    configure(
+        consumer.app, ConsumerSettings(fetch_max_wait_ms=25, quiet_topics=frozenset({"ticks"}))
+    )
     client = consumer._thread._create_worker_consumer(consumer.transport)
     try:
         assert client._fetch_max_wait_ms == wait_ms
@@ -759,18 +740,18 @@ async def test_a_fetch_waits_short_while_records_arrive_and_long_when_idle(monke
     again. Upstream, every fetch waits the consumer's setting (so a short one spins idle and a
     long one delivers input in bursts)."""
     broker = _Broker()
-    proc = faust_patches._fetch_waiting_by_traffic(broker)
+    proc = faust_fetch._fetch_waiting_by_traffic(broker)
     fetcher = _fetcher()
     clock = [100.0]
-    monkeypatch.setattr(faust_patches.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(faust_fetch.time, "monotonic", lambda: clock[0])
     broker.answers = ["in", None, "in", None, None]
     for _ in range(3):
         await proc(fetcher, None, 1, _fetch_request())
-    clock[0] += faust_patches.BUSY_S / 2
+    clock[0] += faust_fetch.BUSY_S / 2
     await proc(fetcher, None, 1, _fetch_request())
-    clock[0] += faust_patches.BUSY_S
+    clock[0] += faust_fetch.BUSY_S
     await proc(fetcher, None, 1, _fetch_request())
-    idle = faust_patches.IDLE_FETCH_WAIT_MS
+    idle = faust_fetch.IDLE_FETCH_WAIT_MS
     assert broker.waits == [idle, 2, 2, 2, idle]
 
 
@@ -778,13 +759,13 @@ async def test_ticks_alone_do_not_keep_the_fetches_short(monkeypatch):
     """Records of the quiet topics (a tick a second) leave an idle worker's fetches long: it
     fetches twice a second, not 500 times (before: 15% of a core, idle)."""
     broker = _Broker()
-    proc = faust_patches._fetch_waiting_by_traffic(broker)
+    proc = faust_fetch._fetch_waiting_by_traffic(broker)
     fetcher = _fetcher()
-    monkeypatch.setattr(faust_patches.time, "monotonic", lambda: 100.0)
+    monkeypatch.setattr(faust_fetch.time, "monotonic", lambda: 100.0)
     broker.answers = ["ticks", "ticks", None, "in", None]
     for _ in range(5):
         await proc(fetcher, None, 1, _fetch_request())
-    idle = faust_patches.IDLE_FETCH_WAIT_MS
+    idle = faust_fetch.IDLE_FETCH_WAIT_MS
     assert broker.waits == [idle, idle, idle, idle, 2]
 
 
@@ -792,7 +773,7 @@ def test_the_fetch_wait_patch_wraps_aiokafkas_fetcher() -> None:
     """The patch sits on aiokafka's `Fetcher` (the class a started consumer builds)."""
     assert (
         Fetcher._proc_fetch_request.__wrapped__
-        is faust_patches.ORIGINALS[Fetcher, "_proc_fetch_request"]
+        is faust_upstream.ORIGINALS[Fetcher, "_proc_fetch_request"]
     )
 
 
@@ -804,22 +785,30 @@ def test_the_patched_upstream_source_is_the_one_the_patch_was_written_for(method
     """Each replaced method's upstream source is byte for byte the 0.15.3 one."""
     owner, name = method.split(".")
     [original] = [
-        f for (o, n), f in faust_patches.ORIGINALS.items() if (o.__name__, n) == (owner, name)
+        f for (o, n), f in faust_upstream.ORIGINALS.items() if (o.__name__, n) == (owner, name)
     ]
     source = inspect.getsource(original)
     assert hashlib.sha256(source.encode()).hexdigest() == SOURCE_SHA256[method], (
-        f"faust-streaming's {method} changed: re-read it against streams/faust_patches.py"
+        f"faust-streaming's {method} changed: re-read it against streams/faust/registry.py"
     )
 
 
+@pytest.mark.parametrize("patch", faust_patches.PATCHES, ids=lambda patch: patch.method)
+def test_every_registered_patch_names_a_test_of_this_module_and_why(patch):
+    """Each registry entry names the test that fails without it (here), and its reason."""
+    test = globals().get(patch.test)
+    assert callable(test) and patch.test.startswith("test_"), patch.test
+    assert patch.reason and patch.upstream
+
+
 def test_every_patch_is_applied_once_on_import():
-    """Importing streams.app applies them; applying again changes nothing."""
-    import streams.app  # noqa: F401 - the import is the point
+    """Importing streams.runtime.app applies them; applying again changes nothing."""
+    import streams.runtime.app  # noqa: F401 - the import is the point
 
     assert faust_patches.applied()
-    before = dict(faust_patches.ORIGINALS)
+    before = dict(faust_upstream.ORIGINALS)
     faust_patches.apply()
-    assert faust_patches.applied() and before == faust_patches.ORIGINALS
+    assert faust_patches.applied() and before == faust_upstream.ORIGINALS
     assert len(before) == len(faust_patches.PATCHES) == len(SOURCE_SHA256)
 
 
@@ -865,7 +854,7 @@ async def test_a_delivery_that_does_not_wait_runs_inline(patched, workers):
     async def deliver() -> None:
         done.append(1)
 
-    assert await faust_patches._run_delivery(consumer, deliver())
+    assert await faust_delivery._run_delivery(consumer, deliver())
     assert done == [1] and deliveries.races == 0
 
 
@@ -884,7 +873,7 @@ async def test_a_delivery_that_waits_is_raced_and_completes(patched, workers):
         steps.append(value)
         return value
 
-    running = asyncio.ensure_future(faust_patches._run_delivery(consumer, deliver()))
+    running = asyncio.ensure_future(faust_delivery._run_delivery(consumer, deliver()))
     await _wait_until(lambda: steps == ["waiting"], "the delivery waiting")
     room.set_result("delivered")
     assert await running
@@ -906,7 +895,7 @@ async def test_a_waiting_delivery_is_cancelled_when_flow_is_suspended(patched, w
             raise
 
     consumer.suspend_flow.clear()
-    running = asyncio.ensure_future(faust_patches._run_delivery(consumer, deliver()))
+    running = asyncio.ensure_future(faust_delivery._run_delivery(consumer, deliver()))
     await asyncio.sleep(0.01)
     consumer.suspend_flow.set()
     assert await asyncio.wait_for(running, 10) is False
@@ -925,9 +914,9 @@ async def test_a_delivery_error_propagates(patched, workers):
         raise KeyError("later")
 
     with pytest.raises(ValueError, match="bad record"):
-        await faust_patches._run_delivery(consumer, fails_at_once())
+        await faust_delivery._run_delivery(consumer, fails_at_once())
     with pytest.raises(KeyError, match="later"):
-        await faust_patches._run_delivery(consumer, fails_after_waiting())
+        await faust_delivery._run_delivery(consumer, fails_after_waiting())
 
 
 async def test_a_record_goes_straight_to_its_partitions_handler_while_the_lock_is_free():
@@ -942,10 +931,10 @@ async def test_a_record_goes_straight_to_its_partitions_handler_while_the_lock_i
     assert consumer.callback == conductor.on_message
     handler = object()
     conductor._tp_to_callback[INPUT] = handler
-    assert faust_patches._handler(consumer, INPUT) is handler
-    assert faust_patches._handler(consumer, CHANGELOG) == conductor.on_message
+    assert faust_delivery._handler(consumer, INPUT) is handler
+    assert faust_delivery._handler(consumer, CHANGELOG) == conductor.on_message
     async with conductor._tp_to_callback_lock:
-        assert faust_patches._handler(consumer, INPUT) == conductor.on_message
+        assert faust_delivery._handler(consumer, INPUT) == conductor.on_message
 
 
 async def test_the_producer_buffer_is_flushed_only_over_its_limit(patched):
@@ -978,7 +967,7 @@ def test_the_conductor_lookup_is_the_one_the_handler_patch_was_written_for():
     source = inspect.getsource(Conductor._compile_message_handler)
     assert hashlib.sha256(source.encode()).hexdigest() == CONDUCTOR_HANDLER_SHA256, (
         "faust-streaming's Conductor._compile_message_handler changed: re-read it against "
-        "faust_patches._handler"
+        "faust_delivery._handler"
     )
 
 
@@ -1044,11 +1033,11 @@ def test_the_service_thread_is_the_one_the_loop_consumer_was_written_for(method)
     )
 
 
-def _kafka_app(**attributes: Any) -> faust.App:
+def _kafka_app(consumer_on_worker_loop: bool | None = None) -> faust.App:
     """A Faust app of the aiokafka driver (nothing connects until its consumer starts)."""
     app = faust.App("loop-consumer", broker="kafka://127.0.0.1:1", store="memory://")
-    for name, value in attributes.items():
-        setattr(app, name, value)
+    if consumer_on_worker_loop is not None:
+        configure(app, ConsumerSettings(on_worker_loop=consumer_on_worker_loop))
     return app
 
 
@@ -1058,7 +1047,7 @@ async def test_the_consumer_runs_on_the_apps_loop_without_a_thread(patched, monk
     without touching the loop's other tasks (upstream's end of a thread cancels them all)."""
     loop = asyncio.get_running_loop()
     thread = _kafka_app(consumer_on_worker_loop=True).consumer._thread
-    assert isinstance(thread, faust_patches.ConsumerOnWorkerLoop)
+    assert isinstance(thread, faust_worker_loop.ConsumerOnWorkerLoop)
     assert thread.thread_loop is loop
     where: list[tuple[int, Any]] = []
     stops: list[str] = []
@@ -1070,8 +1059,8 @@ async def test_the_consumer_runs_on_the_apps_loop_without_a_thread(patched, monk
         await QueueServiceThread.on_thread_stop(self)  # stops its method queue
         stops.append("stopped")
 
-    monkeypatch.setattr(faust_patches.ConsumerOnWorkerLoop, "on_start", on_start)
-    monkeypatch.setattr(faust_patches.ConsumerOnWorkerLoop, "on_thread_stop", on_thread_stop)
+    monkeypatch.setattr(faust_worker_loop.ConsumerOnWorkerLoop, "on_start", on_start)
+    monkeypatch.setattr(faust_worker_loop.ConsumerOnWorkerLoop, "on_thread_stop", on_thread_stop)
     bystander = asyncio.ensure_future(asyncio.sleep(SCENARIO_TIMEOUT_S))
     threads = threading.active_count()
     try:
@@ -1096,7 +1085,8 @@ async def test_the_consumer_runs_on_the_apps_loop_without_a_thread(patched, monk
 
 
 async def test_other_apps_keep_fausts_consumer_thread(patched):
-    """Without the worker's say-so (`consumer_on_worker_loop`), Faust's thread as released."""
+    """Without the worker's say-so (`ConsumerSettings.on_worker_loop`), Faust's thread as
+    released."""
     for app in (_kafka_app(), _kafka_app(consumer_on_worker_loop=False)):
         thread = app.consumer._thread
         try:
@@ -1111,7 +1101,7 @@ async def test_other_apps_keep_fausts_consumer_thread(patched):
 )
 def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, on_loop):
     from schemas.config import load_config
-    from streams.app import create_app
+    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
 
     env = {"ORACULAR_DATADIR": str(tmp_path / "state")}
@@ -1120,7 +1110,7 @@ def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, 
     app = create_app(settings_from_env(env), load_config("examples/oracular.yaml"))
     thread = app.consumer._thread
     try:
-        assert isinstance(thread, faust_patches.ConsumerOnWorkerLoop) is on_loop
+        assert isinstance(thread, faust_worker_loop.ConsumerOnWorkerLoop) is on_loop
         assert isinstance(thread, AIOKafkaConsumerThread)
     finally:
         if not on_loop:
@@ -1129,7 +1119,7 @@ def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, 
 
 def test_the_installed_faust_is_the_patched_version():
     """The environment has the version the patches were written for."""
-    assert faust_patches.installed_version() == FAUST_VERSION == faust.__version__
+    assert faust_upstream.installed_version() == FAUST_VERSION == faust.__version__
 
 
 # --- taking batches from an agent's stream ---------------------------------------------------

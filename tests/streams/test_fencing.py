@@ -10,7 +10,7 @@ import pytest
 
 from engine import EngineConfig, create_state
 from schemas.stored import StoredUser, encode_stored, stored_version
-from streams.state_table import fence_stale_changelog_records
+from streams.runtime.state_table import fence_stale_changelog_records
 
 CONFIG = EngineConfig.from_dict({"intents": {"upgrade": {"signals": {"pricing.viewed": 1}}}})
 
@@ -140,22 +140,21 @@ class _App:
         )
 
 
-def _settings(session_timeout_s: float = 0.2) -> Any:
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        session_timeout_s=session_timeout_s,
-        topics=SimpleNamespace(ticks=SimpleNamespace(name="t")),
-    )
-
-
 def _fence(app: _App) -> Any:
-    """A `Fence` whose lease doubts membership after 0.1 s."""
+    """A `Fence` whose lease doubts membership after 0.1 s; `fence.counts` counts the batches
+    it dropped."""
     from collections import Counter
 
-    from streams.fencing import Fence
+    from streams.runtime.fencing import Fence
 
-    return Fence(app, _settings(), Counter())
+    counts: Counter[str] = Counter()
+
+    def fenced() -> None:
+        counts["fenced_batches"] += 1
+
+    fence = Fence(app, session_timeout_s=0.2, ticks_topic="t", on_fenced=fenced)
+    fence.counts = counts  # type: ignore[attr-defined]  # for the tests
+    return fence
 
 
 async def test_a_running_worker_writes_at_once_without_asking():
@@ -233,7 +232,7 @@ async def test_a_stall_while_asking_asks_again():
 
 
 async def test_a_freeze_while_writing_is_noticed_even_after_the_loop_ran_again():
-    from streams.fencing import FrozenWhileWriting
+    from streams.runtime.fencing import FrozenWhileWriting
 
     app = _App([25])  # evicted meanwhile (UnknownMemberId)
     fence = _fence(app)
@@ -267,8 +266,8 @@ async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offse
 
     from faust.types import TP
 
-    from streams.fencing import FrozenWhileWriting
-    from streams.state_table import FaustTable
+    from streams.runtime.fencing import FrozenWhileWriting
+    from streams.runtime.state_table import FaustTable
 
     table = Table()
     table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "cl")  # type: ignore[attr-defined]
@@ -290,7 +289,6 @@ async def test_a_freeze_noticed_at_the_acknowledgement_stores_no_changelog_offse
 
 
 async def test_repairs_name_every_written_user_on_its_partition_after_the_queued_records():
-    from types import SimpleNamespace
 
     from schemas.ticks import decode_tick
 
@@ -310,10 +308,7 @@ async def test_repairs_name_every_written_user_on_its_partition_after_the_queued
     app.producer = Producer()
     fence = _fence(app)
 
-    def context(partition):
-        return SimpleNamespace(message=SimpleNamespace(partition=partition))
-
-    users = [(f"u{i}".encode(), b"v", context(i % 2)) for i in range(450)]
+    users = [(f"u{i}".encode(), b"v", i % 2) for i in range(450)]
     await fence.send_repairs(users)
     assert log[0] == ("flush", None, None)  # the queued changelog records go out first
     named: dict[int, list[bytes]] = {}
@@ -322,7 +317,7 @@ async def test_repairs_name_every_written_user_on_its_partition_after_the_queued
         keys = decode_tick(value).rewrite
         assert 0 < len(keys) <= 200
         named.setdefault(partition, []).extend(keys)
-    assert named == {p: [k for k, _, c in users if c.message.partition == p] for p in (0, 1)}
+    assert named == {p: [k for k, _, q in users if q == p] for p in (0, 1)}
 
 
 async def test_after_a_dropped_batch_nothing_is_applied_until_a_new_assignment():

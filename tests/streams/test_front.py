@@ -1,5 +1,5 @@
 """The lookup API's front door without a broker: every phase of a connection bounded, every
-malformed request a JSON 4xx (streams/front.py, streams/api.py).
+malformed request a JSON 4xx (streams/lookup/front.py, streams/lookup/api.py).
 
 Workers are the API over fake nodes (tests/streams/test_serving.py), served as the worker
 serves it, on 127.0.0.1; clients here are raw sockets where aiohttp's client would be polite.
@@ -30,9 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.config import load_config
-from streams.front import EVICT_IDLE_S, EVICT_PARTIAL_S, Limits
-from streams.serving import MAX_JSON_DEPTH, Peers, partition_for
+from streams.lookup.front import EVICT_IDLE_S, EVICT_PARTIAL_S, Limits
+from streams.lookup.serving import MAX_JSON_DEPTH, partition_for
 from streams.settings import APP_HEADER
+from streams.settings.peers import Peers
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_serving import Worker, start_worker, user_on
 
@@ -569,7 +570,7 @@ def test_the_token_settings(tmp_path: Path) -> None:
 def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from streams.api import bind, check_exposure
+    from streams.lookup.api import bind, check_exposure
     from streams.settings import Settings
 
     sock = bind("0.0.0.0", 0)
@@ -631,7 +632,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 async def test_the_api_serves_tls_with_a_certificate_and_key(config: Any, tmp_path: Path) -> None:
     from aiohttp import ClientSession
 
-    from streams.api import Api, tls_contexts
+    from streams.lookup.api import Api, tls_contexts
     from streams.settings import Settings
     from tests.streams.test_serving import FakeNode, serve_api
 
@@ -873,7 +874,7 @@ async def test_every_answer_says_the_app_and_query_checks_it(
 def test_a_taken_default_port_is_said_in_one_line_on_stderr(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from streams.api import bind, bind_api
+    from streams.lookup.api import bind, bind_api
     from streams.settings import Settings
 
     holder = bind("127.0.0.1", 0)
@@ -923,7 +924,7 @@ async def test_a_client_that_never_reads_its_answers_is_closed(config: Any) -> N
 
 
 def test_the_default_peers_are_loopback_this_host_and_the_brokers_networks() -> None:
-    from streams.api import allowed_peers, bind
+    from streams.lookup.api import allowed_peers, bind
     from streams.settings import Settings
 
     sock = bind("127.0.0.1", 0)

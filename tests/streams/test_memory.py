@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 
-from streams.memory import GcPolicy
+from streams.runtime.memory import GcPolicy
 
 
 def test_survivors_are_frozen_each_second_and_thawed_each_hour():

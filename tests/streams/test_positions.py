@@ -8,9 +8,9 @@ from typing import Any
 from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
-from streams import faust_patches
-from streams.backfill import Backfill
-from streams.positions import Positions
+from streams.faust import internals as faust_internals
+from streams.runtime.backfill import Backfill
+from streams.runtime.positions import Positions
 
 EVENTS = "in"
 
@@ -65,7 +65,7 @@ def test_a_partition_read_past_its_trailing_transaction_markers_has_no_lag():
     consumer = FakeConsumer({0: 10}, committed={})
     tp = TP(EVENTS, 0)
     consumer._read_offset[tp] = 9  # the next offset the fetch loop would deliver
-    consumer._oracular_delivered = {tp: faust_patches._Delivered(position=10, read_offset=9)}
+    consumer._oracular_delivered = {tp: faust_internals._Delivered(position=10, read_offset=9)}
     at = positions(consumer, {0: 9})
     assert at.partition_lags() == {0: 0}
     assert at.lag() == 0

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from schemas.outputs import dlq_message
-from streams.cli_kafka import tail_topic_names
-from streams.kafkatools import _decode, _json_line
-from streams.pretty import Tally, duration, format_message, iso, kind
-from streams.topics import product_topics
+from streams.cli.kafka import tail_topic_names
+from streams.settings import product_topics
+from streams.tools.kafkatools import _decode, _json_line
+from streams.tools.pretty import Tally, duration, format_message, iso, kind
 
 AT = 1_767_777_677_000  # 2026-01-07T09:21:17Z
 
@@ -177,7 +177,7 @@ def test_what_is_not_an_output_map_is_shown_as_undecodable(raw):
 def test_tail_prints_what_it_holds_in_event_time_order_after_the_window():
     """Partition 1's later outputs fetched before partition 0's earlier ones come out merged
     by event time (a prediction's `at`, an episode's `closed_at`, else the record time)."""
-    from streams.kafkatools import EventTimeOrder
+    from streams.tools.kafkatools import EventTimeOrder
 
     order = EventTimeOrder(window_s=2.0)
     late = {**PREDICTION, "at": AT + 10_000}
@@ -201,7 +201,7 @@ def test_tail_prints_what_it_holds_in_event_time_order_after_the_window():
 
 
 def test_tail_filters_by_user_intent_and_reveal():
-    from streams.pretty import Filter
+    from streams.tools.pretty import Filter
 
     dead = dlq_message("bad", topic="t", partition=0, offset=1, key=b"user-00116", value=b"x")
     other = {**PREDICTION, "user": "u2"}
@@ -224,8 +224,8 @@ def test_tail_filters_by_user_intent_and_reveal():
 
 
 def test_topics_list_groups_internal_topics_with_their_app_id():
-    from streams.app import STATE_TABLE
-    from streams.runs import belongs, owner
+    from streams.settings.topics import STATE_TABLE
+    from streams.tools.runs import belongs, owner
 
     assert owner("demo-1.events") == owner("demo-1.predictions.bf") == "demo-1"
     assert owner(f"demo-1-{STATE_TABLE}-changelog") == "demo-1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from streams.processes import child_environments
+from streams.tools.processes import child_environments
 
 
 def test_children_get_their_own_datadir_and_ports():
@@ -34,11 +34,11 @@ def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path):
     import sys
     import time
 
-    import streams.processes
+    import streams.tools.processes
 
     assert shutil.which("setpriv"), "util-linux's setpriv is what ties workers to the supervisor"
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    child_cmd = streams.processes._dying_with_parent([sys.executable, "-c", stubborn])
+    child_cmd = streams.tools.processes.tied_to_parent([sys.executable, "-c", stubborn])
     supervisor = subprocess.Popen(
         [
             sys.executable,

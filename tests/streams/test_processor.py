@@ -12,7 +12,7 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
 from schemas.ticks import encode_tick
-from streams.processor import Batch, InMessage, Processor, Table, TimePolicy
+from streams.runtime.processor import Batch, InMessage, Processor, Table, TimePolicy
 from tests.streams.test_cli_replay import CONFIG
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
@@ -44,7 +44,7 @@ def _message(offset, value, *, key=None, partition=0, topic=EVENTS, ts=None):
     if isinstance(value, dict):
         key = key if key is not None else value.get("user", "").encode()
         value = msgpack.packb(value)
-    return InMessage(topic, partition, offset, key, value, ts, context=partition)
+    return InMessage(topic, partition, offset, key, value, ts)
 
 
 WALL = 4_102_444_800_000  # 2100-01-01: the worker's clock, unless a test sets it
@@ -174,7 +174,7 @@ def test_segment_identify_is_counted_as_ignored(config):
     """Messages that carry no event are ignored, not dead-lettered."""
     table, processor = DictTable(), _processor(config)
     raw = json.dumps({"type": "identify", "userId": "u1"}).encode()
-    assert _run(processor, table, [InMessage(EVENTS, 0, 0, b"u1", raw, None, 0)]) == []
+    assert _run(processor, table, [InMessage(EVENTS, 0, 0, b"u1", raw, None)]) == []
     assert processor.counts["ignored"] == 1
 
 
@@ -186,7 +186,7 @@ def test_missing_ts_uses_the_record_timestamp(config):
 
 
 def _tick(partition=0, sent_at=0, offset=0):
-    return InMessage(TICKS, partition, offset, None, encode_tick(sent_at), None, partition)
+    return InMessage(TICKS, partition, offset, None, encode_tick(sent_at), None)
 
 
 def test_tick_closes_due_episodes_at_last_event_plus_timeout(config):
@@ -248,6 +248,8 @@ def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
     assert wanted_more == [{0}, {0}, set(), set()]  # the worker ticks partition 0 again at once
     # A backfill is finished by the third tick, not by the two that left closes due.
     assert capped.ticks_left_due == {(0, 0), (0, 1)}
+    assert capped.took_tick_left_due((0, 0)) and not capped.took_tick_left_due((0, 0))
+    assert not capped.took_tick_left_due((0, 2))
     assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
     assert capped.more_due == set()  # the last ticks closed everything due: no tick again
     [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
@@ -352,7 +354,7 @@ def test_a_repair_tick_writes_the_named_users_again_unchanged(config):
         [_message(0, {"id": "a", "user": "u1", "name": "pricing.viewed", "ts": TS})],
     )
     before, writes = table.partitions[0][b"u1"], table.writes
-    repair = InMessage(TICKS, 0, 5, None, encode_tick(TS, [b"u1", b"stranger"]), None, 0)
+    repair = InMessage(TICKS, 0, 5, None, encode_tick(TS, [b"u1", b"stranger"]), None)
     assert _run(processor, table, [repair]) == []
     assert table.writes == writes + 1  # u1 again; nothing for the user it does not hold
     assert b"stranger" not in table.partitions[0]
@@ -384,7 +386,7 @@ def test_inputs_are_counted_per_partition_and_closed_episodes_per_reason(config)
         _message(0, {"id": "c", "user": "u2", "name": "limit.hit", "ts": TS}, partition=3),
         _message(1, {"id": "d", "user": "u2", "name": "limit.hit", "ts": TS - MIN}, partition=3),
         _message(2, b"\xc1garbage", key=b"u2", partition=3),
-        InMessage(EVENTS, 3, 3, b"u3", identify, None, 3),
+        InMessage(EVENTS, 3, 3, b"u3", identify, None),
     ]
     _run(processor, table, messages, wall=TS)
     _run(processor, table, messages[2:3], wall=TS)  # a redelivery on partition 3
@@ -418,7 +420,7 @@ def test_held_users_are_read_by_later_batches_never_evicted_and_written_once(con
             for i, u in enumerate(users)
         ]
         processor.run_batch(batch, messages, lambda p: False, lambda: WALL)
-        processor.hold(batch)
+        processor.stage(batch)
 
     apply(["u1", "u2"], 0)
     apply(["u1", "u3"], 2)
@@ -428,10 +430,10 @@ def test_held_users_are_read_by_later_batches_never_evicted_and_written_once(con
         cache.put(f"x{n}".encode(), cache.peek(b"u2"))
     assert set(cache.unwritten) == {b"u1", b"u2", b"u3"}
     assert len(cache.users) + len(cache.unwritten) == 4
-    writes = processor.unwritten_writes()
-    assert [key for key, _, _ in writes] == [b"u1", b"u2", b"u3"]
+    stored: list[tuple[bytes, bytes, int]] = []
+    writes = processor.commit(stored.extend)
+    assert stored == writes and [key for key, _, _ in writes] == [b"u1", b"u2", b"u3"]
     assert decode_stored(writes[0][1], config).inputs == 2  # both batches' inputs
-    processor.written()
     assert not cache.unwritten
     assert cache.peek(b"u1") is not None and cache.peek(b"u1").inputs == 2
     apply(["u4"], 4)

@@ -1,5 +1,5 @@
-"""The lookup API's own process and its replica of the worker's table (streams/replica.py,
-streams/lookup_process.py), without a broker.
+"""The lookup API's own process and its replica of the worker's table (streams/lookup/replica.py,
+streams/lookup/process.py), without a broker.
 
 The replica's rules through its messages; the full copy of a RocksDB database interleaved
 with writes; the status round trip; and a real API process started by a `Feed` over a fake
@@ -27,10 +27,10 @@ from aiohttp import ClientSession, ClientTimeout
 from engine import create_state, observe
 from schemas.config import load_config
 from schemas.stored import StoredUser, encode_stored
-from streams.api import bind
-from streams.front import Limits
-from streams.metrics import Family, Metrics
-from streams.replica import (
+from streams.lookup.api import bind
+from streams.lookup.front import Limits
+from streams.lookup.metrics import Family, Metrics
+from streams.lookup.replica import (
     BEGIN,
     DROP,
     STALE_STATUS_S,
@@ -45,7 +45,8 @@ from streams.replica import (
     pack,
     unpacker,
 )
-from streams.serving import Peers, partition_for
+from streams.lookup.serving import partition_for
+from streams.settings.peers import Peers
 from tests.streams.test_cli_replay import CONFIG
 
 WAIT_S = 30.0  # a condition on a busy 2-core box
@@ -328,7 +329,7 @@ async def test_a_dead_api_process_is_restarted_with_its_replica_rebuilt(
 
 
 def test_the_api_process_refuses_to_be_started_by_hand() -> None:
-    from streams.lookup_process import main
+    from streams.lookup.process import main
 
     assert main([]) == 2
     assert socket  # the module's sockets come from the worker only

@@ -15,8 +15,8 @@ from engine.dedupe import ENTRY_BYTES, NO_IDS, forget_before, remember
 from schemas.files import read_sorted_events
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored, id_digest
-from streams.offline import replay_outputs
-from streams.processor import Processor, TimePolicy
+from streams.runtime.processor import Processor, TimePolicy
+from streams.tools.replay import replay_outputs
 
 from .test_processor import EVENTS, MIN, TICKS, TS, DictTable, _message, _run
 from .test_time import CONFIG, NAMES

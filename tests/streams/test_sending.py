@@ -1,5 +1,5 @@
-"""`streams.sending`: `hand_over` fills record batches per partition, in order; `acknowledged`
-waits for them and gives the last offsets."""
+"""`streams.runtime.sending`: `hand_over` fills record batches per partition, in order;
+`acknowledged` waits for them and gives the last offsets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams import faust_patches
-from streams.sending import acknowledged, hand_over, no_check
+from streams.faust import patches as faust_patches
+from streams.faust import producer as faust_producer
+from streams.runtime.sending import acknowledged, hand_over, no_check
 
 
 class FakeBatch:
@@ -145,13 +146,13 @@ async def test_remembered_partitions_follow_the_topics_partitions(monkeypatch):
             choose = await faust_patches.key_partitioner(producer, "remembered")
             every = sorted(partitions)
             assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
-        assert len(faust_patches._key_partitions["remembered"][1]) == len(keys)
+        assert len(faust_producer._key_partitions["remembered"][1]) == len(keys)
         assert {choose(None) for _ in range(200)} == partitions  # random, as `send` picks
-        monkeypatch.setattr(faust_patches, "KEY_PARTITIONS_CACHED", 10)  # full: starts over
+        monkeypatch.setattr(faust_producer, "KEY_PARTITIONS_CACHED", 10)  # full: starts over
         choose = await faust_patches.key_partitioner(producer, "remembered")
-        faust_patches._key_partitions["remembered"][1].clear()
+        faust_producer._key_partitions["remembered"][1].clear()
         assert [choose(k) for k in keys] == [default(k, every, every) for k in keys]
-        assert len(faust_patches._key_partitions["remembered"][1]) <= 10
+        assert len(faust_producer._key_partitions["remembered"][1]) <= 10
     finally:
         await producer.stop()
 
@@ -161,7 +162,7 @@ async def test_the_workers_record_batches_take_a_backlogs_states(tmp_path):
     few record batches per partition, not dozens of Faust's default 16 KiB: aiokafka hands a
     partition's next batch over only once the one before it is on its way."""
     from schemas.config import load_config
-    from streams.app import PRODUCER_BATCH_BYTES, create_app
+    from streams.runtime.app import PRODUCER_BATCH_BYTES, create_app
     from streams.settings import settings_from_env
 
     settings = settings_from_env({"ORACULAR_DATADIR": str(tmp_path / "state")})

@@ -1,7 +1,7 @@
 """The lookup API without a broker: routing, the forward-loop guard, validation, auth, metrics.
 
-Workers are `streams.api` applications over fake nodes (a dict per partition stands in for the
-RocksDB copies, a dict partition -> URL for Faust's assignment), served by aiohttp's test server
+Workers are `streams.lookup.api` applications over fake nodes (a dict per partition stands in for
+the RocksDB copies, a dict partition -> URL for Faust's assignment), served by aiohttp's test server
 on 127.0.0.1, so forwarding between two of them is real HTTP.
 """
 
@@ -30,13 +30,12 @@ from faust.types import TP
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
-from streams import api as api_module
-from streams.api import Api, bind, build_web_app
-from streams.front import Guard, Limits, serve
-from streams.metrics import Family, monitor_families, render
-from streams.processor import StateCache
-from streams.replica import Replica, ReplicaCache
-from streams.serving import (
+from streams.lookup import api as api_module
+from streams.lookup.api import Api, bind, build_web_app
+from streams.lookup.front import Guard, Limits, serve
+from streams.lookup.metrics import Family, monitor_families, render
+from streams.lookup.replica import Replica, ReplicaCache
+from streams.lookup.serving import (
     FORWARDED_HEADER,
     MAX_BATCH,
     ApiError,
@@ -50,9 +49,10 @@ from streams.serving import (
     partition_for,
     route,
 )
-from streams.serving import (
+from streams.lookup.serving import (
     batch_body as serving_batch_body,
 )
+from streams.runtime.processor import StateCache
 from streams.settings import APP_HEADER
 from tests.streams.test_cli_replay import CONFIG
 
@@ -213,7 +213,7 @@ class FakeNode:
 
 @dataclass
 class Served:
-    """An API served as the worker serves it (`streams.front.serve`: guarded connections)."""
+    """An API served as the worker serves it (`streams.lookup.front.serve`: guarded connections)."""
 
     runner: web.AppRunner
     guard: Guard
@@ -601,7 +601,7 @@ def test_metrics_come_with_the_process_metrics_and_speak_openmetrics_too() -> No
     same families read back through its OpenMetrics parser."""
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    from streams.metrics import Metrics
+    from streams.lookup.metrics import Metrics
 
     metrics = Metrics()
     metrics.lookup("user", "found", 0.002)
@@ -662,7 +662,7 @@ def test_fausts_web_server_serves_no_table_or_router_views(tmp_path, config) -> 
     """With Faust's own web server on (ORACULAR_WEB_PORT), its raw table views (stored state,
     no token) and its router (the workers' URLs) are not served, and it binds to the API's
     host, not every interface."""
-    from streams.app import create_app
+    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
 
     settings = settings_from_env(
@@ -676,7 +676,7 @@ def test_fausts_web_server_serves_no_table_or_router_views(tmp_path, config) -> 
 
 
 def test_advertised_url_is_spelled_as_fausts_assignor_spells_it() -> None:
-    from streams.api import advertised_url, bind
+    from streams.lookup.api import advertised_url, bind
     from streams.settings import Settings
 
     sock = bind("127.0.0.1", 0)
@@ -709,7 +709,7 @@ def test_answer_equals_predict_and_explain_on_the_stored_state(config) -> None:
     engine.predict and engine.explain on the stored state, at times before, at and long
     after the user's last event (idle episodes closed, attribution windows settled)."""
     from bench.synthetic import clickstream
-    from streams.serving import UserRead, answer
+    from streams.lookup.serving import UserRead, answer
 
     events = clickstream(config, 6000, 60, seed=4)
     replayer = Replayer(config)
@@ -1023,8 +1023,8 @@ async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None
 
 def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -> None:
     """The state is read as of `at` once; only the intents asked for are predicted."""
-    from streams import serving
-    from streams.serving import UserRead, answer
+    from streams.lookup import serving
+    from streams.lookup.serving import UserRead, answer
 
     user = "one-intent"
     state = stored_user(config, user, 0).state

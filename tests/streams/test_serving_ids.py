@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from engine import predict
-from streams.serving import partition_for
+from streams.lookup.serving import partition_for
 from tests.streams.test_serving import PARTITIONS, TS, config, get, http, pair, some_events, store
 
 __all__ = ["config", "http", "pair"]  # fixtures

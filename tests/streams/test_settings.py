@@ -1,4 +1,4 @@
-"""streams/settings.py: one table, one builder (defaults <- ORACULAR_* <- flags), help and docs
+"""streams/settings/: one table, one builder (defaults <- ORACULAR_* <- flags), help and docs
 made from the table, and no flag ever written into the process environment."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 
 from streams import settings as settings_module
 from streams.cli import _parser, main
-from streams.cli_common import EXIT_USAGE
 from streams.settings import (
     SETTINGS,
     Settings,
@@ -25,6 +24,7 @@ from streams.settings import (
     load_settings,
     markdown_table,
 )
+from streams.settings.exits import EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "oracular.yaml"
@@ -170,7 +170,7 @@ def test_the_operations_doc_table_is_the_tables() -> None:
     )
     assert found, "docs/operations.md lost its settings table markers"
     assert found.group(1) == markdown_table(), (
-        "docs/operations.md's settings table differs from streams/settings.py SETTINGS: "
+        "docs/operations.md's settings table differs from streams/settings/ SETTINGS: "
         "paste the output of `python -m streams.settings` between the markers"
     )
     for row in SETTINGS:  # and so every variable (and flag) is documented
@@ -192,21 +192,21 @@ def test_the_doc_check_fails_on_a_missing_or_wrong_row(monkeypatch: pytest.Monke
 
 def _stub_deployment(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """`oracular worker` up to Faust, with the broker steps stubbed: the settings it ran with."""
-    import streams.admin
+    import streams.tools.admin
 
     seen: list[Any] = []
 
     async def prepare(settings: Any, create: bool = True) -> None:
         seen.append(settings)
 
-    monkeypatch.setattr(streams.admin, "prepare_deployment", prepare)
+    monkeypatch.setattr(streams.tools.admin, "prepare_deployment", prepare)
     return seen
 
 
 def test_worker_flags_reach_the_settings_not_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import streams.app
+    import streams.runtime.app
 
     seen = _stub_deployment(monkeypatch)
 
@@ -216,7 +216,7 @@ def test_worker_flags_reach_the_settings_not_the_environment(
     def create_app(settings: Any, config: Any) -> Any:
         raise Stop
 
-    monkeypatch.setattr(streams.app, "create_app", create_app)
+    monkeypatch.setattr(streams.runtime.app, "create_app", create_app)
     monkeypatch.setenv("ORACULAR_LATENESS_MS", "1000")
     monkeypatch.setenv("ORACULAR_IDLE_MS", "2000")
     with pytest.raises(Stop):
@@ -246,12 +246,14 @@ def test_a_bad_worker_flag_is_one_line_naming_the_flag(
 def test_processes_children_get_the_flags_as_their_own_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import streams.processes
+    import streams.tools.processes
 
     _stub_deployment(monkeypatch)
     started: list[Any] = []
     monkeypatch.setattr(
-        streams.processes, "run_processes", lambda argv, envs: started.append((argv, envs)) or 0
+        streams.tools.processes,
+        "run_processes",
+        lambda argv, envs: started.append((argv, envs)) or 0,
     )
     monkeypatch.setenv("ORACULAR_IDLE_MS", "2000")
     argv = ["worker", "--config", str(CONFIG), "--processes", "2", "--partitions", "4"]
@@ -272,7 +274,7 @@ def test_processes_children_get_the_flags_as_their_own_variables(
 
 
 def test_backfill_settings_use_a_fresh_app_id_and_suffixed_outputs() -> None:
-    from streams.cli_kafka import _backfill_settings
+    from streams.cli.kafka import _backfill_settings
 
     os.environ["ORACULAR_APP_ID"] = "base"  # removed again by the autouse fixture's undo
     try:
@@ -295,7 +297,7 @@ def test_backfill_settings_use_a_fresh_app_id_and_suffixed_outputs() -> None:
 
 
 def test_a_backfill_suffix_that_makes_an_illegal_name_names_the_suffix() -> None:
-    from streams.cli_kafka import _backfill_settings
+    from streams.cli.kafka import _backfill_settings
 
     args = _parser().parse_args(["backfill", "--config", str(CONFIG), "--output-suffix", "/x"])
     from streams.settings import SettingsError

@@ -16,8 +16,8 @@ from engine import END_OF_TIME, EngineConfig, Event
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored, encode_stored
 from schemas.ticks import encode_tick
-from streams.offline import replay_outputs
-from streams.processor import Batch, InMessage, Processor, TimePolicy
+from streams.runtime.processor import Batch, InMessage, Processor, TimePolicy
+from streams.tools.replay import replay_outputs
 
 from .test_processor import DictTable
 
@@ -56,18 +56,18 @@ class Live:
         if event.name is not None:
             value["name"] = event.name
         message = InMessage(
-            EVENTS, 0, self.offset, event.user.encode(), msgpack.packb(value), record_ms, 0
+            EVENTS, 0, self.offset, event.user.encode(), msgpack.packb(value), record_ms
         )
         self.offset += 1
         self._run([message], caught_up=False, wall=wall)
 
     def tick(self, now: int, *, caught_up: bool) -> None:
-        self._run([InMessage(TICKS, 0, 0, None, encode_tick(now), None, 0)], caught_up, now)
+        self._run([InMessage(TICKS, 0, 0, None, encode_tick(now), None)], caught_up, now)
 
     def finish(self) -> None:
         """The end of time: close everything due, as the replay's default `--until` does."""
         batch = Batch(self.table, self.processor.config)
-        tick = InMessage(TICKS, 0, 0, None, None, None, 0)
+        tick = InMessage(TICKS, 0, 0, None, None, None)
         self.processor.close_due(batch, tick, END_OF_TIME)
         for key, value, context in batch.writes():
             self.table.set(key, value, context)
@@ -230,7 +230,7 @@ def test_a_changed_timeout_applies_to_open_episodes_after_a_restart():
     restarted.rebuild(live.table.partitions[0].items(), wall_ms=TS)
     assert restarted.open == {0: {b"a": TS + 5 * MIN}}
     batch = Batch(live.table, shorter)
-    tick = InMessage(TICKS, 0, 0, None, encode_tick(TS + 5 * MIN + 1), None, 0)
+    tick = InMessage(TICKS, 0, 0, None, encode_tick(TS + 5 * MIN + 1), None)
     restarted.run_batch(batch, [tick], lambda p: True, lambda: TS + 5 * MIN + 1)
     [closed] = [decode_output(o.value) for o in batch.outputs]
     assert closed["closed_at"] == TS + 5 * MIN
@@ -293,7 +293,7 @@ def test_an_unreadable_stored_state_quarantines_the_user_and_keeps_the_state():
 
 
 def test_an_unexpected_error_is_dead_lettered_at_the_message(monkeypatch):
-    import streams.processor as processor_module
+    import streams.runtime.processor as processor_module
 
     live = Live(TimePolicy())
     real = processor_module.apply_event

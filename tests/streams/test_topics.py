@@ -1,10 +1,11 @@
-"""streams.topics: the product's topics and their environment overrides."""
+"""streams.settings.topics: the product's topics and their environment overrides."""
 
 from __future__ import annotations
 
 import pytest
 
-from streams.topics import TopicSpec, product_topics
+from streams.settings import product_topics
+from streams.settings.topics import TopicSpec
 
 
 def test_defaults() -> None:

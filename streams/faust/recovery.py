@@ -1,0 +1,64 @@
+"""Recovery: the input partitions resumed only after they are sought (patched).
+`Recovery.on_recovery_completed` of faust-streaming 0.15.3, fixed.
+
+Upstream resumes the input partitions before seeking them to the committed offsets, so records
+are delivered from the old position, the stream buffers are then cleared, and the fetch loop has
+already moved past them (streams/faust/delivery.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from faust.tables.recovery import Recovery
+
+
+async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None:
+    """`Recovery.on_recovery_completed` of 0.15.3, seeking input before resuming it.
+
+    Upstream resumed the input partitions first, then awaited the seek to the committed
+    offsets, then resumed flow control, which clears every stream buffer. Fetching is running
+    at that point (recovery resumed it), so input was fetched from the old position, delivered
+    into buffers, and cleared, and the fetch loop had already moved its read offset past it.
+    Here the partitions are sought first and resumed only after the buffers are cleared, so
+    everything delivered from then on is read from the committed offsets and kept.
+    (`Recovery._resume_streams` has the same order but runs only for apps without tables; the
+    worker always has its state table, so it is left as it is.)
+    """
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    callback_coros = [
+        asyncio.ensure_future(
+            table.on_recovery_completed(
+                self.actives_for_table[table],
+                self.standbys_for_table[table],
+            )
+        )
+        for table in self.tables.values()
+    ]
+    if callback_coros:
+        await asyncio.wait(callback_coros)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning(
+            f"Recovery rebalancing again app id "
+            f"{self.app.consumer_generation_id} param {generation_id}"
+        )
+        return
+    if assignment:
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    self.completed.set()
+    self.log.dev("Resume stream partitions")
+    self.app.flow_control.resume()  # clears the stream buffers: before any input is fetched
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    consumer.resume_flow()
+    await cast(Any, self.app)._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
+    self.log.info("Worker ready")
