@@ -599,6 +599,9 @@ async def test_lookups_from_the_decoded_cache_equal_lookups_from_the_table(
             source: metric(text, f'oracular_lookup_reads_total{{source="{source}"}}')
             for source in ("cache", "table")
         }
-        assert reads == {"table": len(states), "cache": len(states)}, reads
+        # Each user decoded on its first read; a second read answers from the decoded state
+        # unless the worker wrote the user in between (a tick's write): never neither.
+        assert reads["table"] >= len(states) and reads["cache"] > 0, reads
+        assert reads["table"] + reads["cache"] == 2 * len(states), reads
         assert worker.stop() == 0
     assert answers[0] == answers[1]
