@@ -1,2 +1,2 @@
 """The lookup API: HTTP serving of predictions, routing between workers, /metrics, the client.
-Runs inside the worker (`streams.runtime.app` installs it); `oracular query` is its client."""
+The worker starts it in a process of its own (`process.py`), fed a replica of its table."""
