@@ -142,6 +142,7 @@ class Output:
     role: str
     key: bytes | None
     value: bytes
+    """The encoded message (empty when the processor encodes none: offline runs)."""
     message: dict[str, Any] = field(default_factory=dict, compare=False)
     """The message before encoding (offline runs write it as a JSON line)."""
 
@@ -307,7 +308,7 @@ class Processor:
         events_topic: str,
         ticks_topic: str,
         time: TimePolicy | None = None,
-        output_format: Format = "msgpack",
+        output_format: Format | None = "msgpack",
         stop_offsets: Mapping[int, int] | None = None,
         cache_users: int = 0,
         timer_closes_per_batch: int | None = None,
@@ -316,7 +317,9 @@ class Processor:
         self.config = config
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
         self.time = time or TimePolicy()
-        self.output_format: Format = output_format
+        self.output_format: Format | None = output_format
+        """How outputs are encoded; None: not at all (`Output.value` is empty), for offline
+        runs, which write each output's `message` as a JSON line themselves."""
         self.stop_offsets = stop_offsets
         """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
@@ -863,7 +866,8 @@ class Processor:
         )
         # The record's key may be cut to fit the producer's limit; the Kafka key is cut alike.
         key = record["key"] if isinstance(record.get("key"), bytes) else message.key
-        batch.outputs.append(Output(DLQ, key, encode_output(record, "msgpack"), record))
+        value = b"" if self.output_format is None else encode_output(record, "msgpack")
+        batch.outputs.append(Output(DLQ, key, value, record))
 
     # --- partitions and the deadline index -----------------------------------------------
 
@@ -960,7 +964,8 @@ class Processor:
             heapq.heapify(heap)
 
     def _output(self, role: str, key: bytes, message: dict[str, Any]) -> Output:
-        return Output(role, key, encode_output(message, self.output_format), message)
+        fmt = self.output_format
+        return Output(role, key, b"" if fmt is None else encode_output(message, fmt), message)
 
 
 def _quarantine_reason(user: str, detail: str) -> str:

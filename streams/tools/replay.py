@@ -60,7 +60,7 @@ class OfflineRun:
             events_topic=source,
             ticks_topic=TICKS,
             time=TimePolicy(hold_until_end=True),
-            output_format="json",
+            output_format=None,  # each output's message is written as a JSON line
         )
         self._batch = Batch(self.table, config)
         self._pending = 0
