@@ -456,13 +456,6 @@ class Processor:
         self.counts[outcome] += 1
         self.by_partition[outcome, partition] += 1
 
-    def _count_applied(self, step: Step, partition: int) -> None:
-        self.count_input("applied", partition)
-        if step.late:
-            self.count_input("late", partition)
-        if step.closed is not None:
-            self.closed_by_reason[step.closed.reason] += 1
-
     def handled(self) -> int:
         """Input messages handled so far (each counted as exactly one of HANDLED)."""
         return sum(self.counts[name] for name in HANDLED)
@@ -661,8 +654,9 @@ class Processor:
             outputs.append(self._output(PREDICTIONS, key, predictions))
         # Nothing below can fail: commit the input to the batch.
         partition = message.partition
-        clock = self._clock(partition)
-        self._count_time(event, step.at, user, clock)
+        clock = self.clocks.get(partition) or self._clock(partition)
+        if clock.watermark is not None or user.timer_close is not None:
+            self._count_time(event, step.at, user, clock)
         if clock.event_time is None or event.at > clock.event_time:
             clock.event_time = event.at
         user_clock = user.clock
@@ -681,9 +675,15 @@ class Processor:
         )
         slot.partition = message.partition
         slot.dirty = True
-        self._count_applied(step, partition)
+        counts = self.counts
+        counts["applied"] += 1  # `_count_applied`, inline: this runs once per applied input
+        self.by_partition["applied", partition] += 1
+        if step.late:
+            self.count_input("late", partition)
+        if step.closed is not None:
+            self.closed_by_reason[step.closed.reason] += 1
         for output in outputs:
-            self.counts[output.role] += 1
+            counts[output.role] += 1
         batch.outputs.extend(outputs)
         self._index(partition, key, slot.user)
 
@@ -945,7 +945,9 @@ class Processor:
         return clock
 
     def _index(self, partition: int, key: bytes, user: StoredUser) -> None:
-        live = self.open.setdefault(partition, {})
+        live = self.open.get(partition)
+        if live is None:
+            live = self.open[partition] = {}
         timeout = self.config.episode_timeout_ms
         episode = user.state.episode
         if timeout is None or episode.started_at is None or episode.last_event_at is None:
