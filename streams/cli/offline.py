@@ -236,7 +236,7 @@ def run_replay(args: argparse.Namespace) -> int:
         elapsed = time.monotonic() - started
         rate = config_run.processor.handled() / max(elapsed, 1e-9)
         print(
-            f"replay: {summary}, users {len(config_run.table.values):,} "
+            f"replay: {summary}, users {len(config_run.users):,} "
             f"in {elapsed:.1f} s ({rate:,.0f} events/s)",
             file=sys.stderr,
         )

@@ -142,6 +142,7 @@ class Output:
     role: str
     key: bytes | None
     value: bytes
+    """The encoded message (empty when the processor encodes none: offline runs)."""
     message: dict[str, Any] = field(default_factory=dict, compare=False)
     """The message before encoding (offline runs write it as a JSON line)."""
 
@@ -307,7 +308,7 @@ class Processor:
         events_topic: str,
         ticks_topic: str,
         time: TimePolicy | None = None,
-        output_format: Format = "msgpack",
+        output_format: Format | None = "msgpack",
         stop_offsets: Mapping[int, int] | None = None,
         cache_users: int = 0,
         timer_closes_per_batch: int | None = None,
@@ -316,7 +317,9 @@ class Processor:
         self.config = config
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
         self.time = time or TimePolicy()
-        self.output_format: Format = output_format
+        self.output_format: Format | None = output_format
+        """How outputs are encoded; None: not at all (`Output.value` is empty), for offline
+        runs, which write each output's `message` as a JSON line themselves."""
         self.stop_offsets = stop_offsets
         """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
@@ -452,13 +455,6 @@ class Processor:
         """Count one input's outcome (a HANDLED name, or `late`), in total and per partition."""
         self.counts[outcome] += 1
         self.by_partition[outcome, partition] += 1
-
-    def _count_applied(self, step: Step, partition: int) -> None:
-        self.count_input("applied", partition)
-        if step.late:
-            self.count_input("late", partition)
-        if step.closed is not None:
-            self.closed_by_reason[step.closed.reason] += 1
 
     def handled(self) -> int:
         """Input messages handled so far (each counted as exactly one of HANDLED)."""
@@ -658,8 +654,9 @@ class Processor:
             outputs.append(self._output(PREDICTIONS, key, predictions))
         # Nothing below can fail: commit the input to the batch.
         partition = message.partition
-        clock = self._clock(partition)
-        self._count_time(event, step.at, user, clock)
+        clock = self.clocks.get(partition) or self._clock(partition)
+        if clock.watermark is not None or user.timer_close is not None:
+            self._count_time(event, step.at, user, clock)
         if clock.event_time is None or event.at > clock.event_time:
             clock.event_time = event.at
         user_clock = user.clock
@@ -678,9 +675,15 @@ class Processor:
         )
         slot.partition = message.partition
         slot.dirty = True
-        self._count_applied(step, partition)
+        counts = self.counts
+        counts["applied"] += 1  # `_count_applied`, inline: this runs once per applied input
+        self.by_partition["applied", partition] += 1
+        if step.late:
+            self.count_input("late", partition)
+        if step.closed is not None:
+            self.closed_by_reason[step.closed.reason] += 1
         for output in outputs:
-            self.counts[output.role] += 1
+            counts[output.role] += 1
         batch.outputs.extend(outputs)
         self._index(partition, key, slot.user)
 
@@ -863,7 +866,8 @@ class Processor:
         )
         # The record's key may be cut to fit the producer's limit; the Kafka key is cut alike.
         key = record["key"] if isinstance(record.get("key"), bytes) else message.key
-        batch.outputs.append(Output(DLQ, key, encode_output(record, "msgpack"), record))
+        value = b"" if self.output_format is None else encode_output(record, "msgpack")
+        batch.outputs.append(Output(DLQ, key, value, record))
 
     # --- partitions and the deadline index -----------------------------------------------
 
@@ -941,7 +945,9 @@ class Processor:
         return clock
 
     def _index(self, partition: int, key: bytes, user: StoredUser) -> None:
-        live = self.open.setdefault(partition, {})
+        live = self.open.get(partition)
+        if live is None:
+            live = self.open[partition] = {}
         timeout = self.config.episode_timeout_ms
         episode = user.state.episode
         if timeout is None or episode.started_at is None or episode.last_event_at is None:
@@ -960,7 +966,8 @@ class Processor:
             heapq.heapify(heap)
 
     def _output(self, role: str, key: bytes, message: dict[str, Any]) -> Output:
-        return Output(role, key, encode_output(message, self.output_format), message)
+        fmt = self.output_format
+        return Output(role, key, b"" if fmt is None else encode_output(message, fmt), message)
 
 
 def _quarantine_reason(user: str, detail: str) -> str:

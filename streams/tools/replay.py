@@ -13,18 +13,27 @@ time the run started, unless `clock_ms` (`--clock`) sets it.
 from __future__ import annotations
 
 import base64
+import sys
 import time
 from collections.abc import Iterable
 from typing import Any, Final
 
 from engine import END_OF_TIME, EngineConfig, EngineState, Event, serialize
 from schemas.files import Line
-from schemas.stored import decode_stored
-from streams.runtime.processor import Batch, InMessage, Output, Processor, Table, TimePolicy
+from schemas.stored import StoredUser, decode_stored, encode_stored
+from streams.runtime.processor import (
+    Batch,
+    InMessage,
+    Output,
+    Processor,
+    StateCache,
+    Table,
+    TimePolicy,
+)
 
 TICKS: Final = "<end of input>"
 BATCH_LINES: Final = 5_000
-"""Lines applied per batch: the states of one batch are held decoded, then stored."""
+"""Lines applied per batch (a batch's users are read once and kept in its slots)."""
 
 
 class DictTable(Table):
@@ -43,8 +52,28 @@ class DictTable(Table):
         self.values[key] = value
 
 
+class HeldUsers(StateCache):
+    """An offline run's users, all held decoded, in the order they were first stored (the
+    order of `stored`, `states` and the `--states` file): reading one does not reorder them."""
+
+    def __init__(self) -> None:
+        """Hold nobody yet."""
+        super().__init__(sys.maxsize)
+
+    def get(self, key: bytes) -> StoredUser | None:
+        """The held user, or None."""
+        return self.users.get(key)
+
+
 class OfflineRun:
-    """Feeds lines or events to a `Processor` over a `DictTable`; yields the outputs."""
+    """Feeds lines or events to a `Processor` over a `DictTable`; yields the outputs.
+
+    The users stay decoded between batches, as the worker's `StateCache` keeps them: a batch's
+    changed users are held as they are, not encoded into the table and decoded again by the
+    next batch. Encoding a user and decoding it again gives the same user (the stored format
+    is lossless), so the outputs are those of a run through the table; `stored` and `states`
+    still go through the stored bytes, so they are what the worker would store and read.
+    """
 
     def __init__(
         self, config: EngineConfig, source: str = "<events>", clock_ms: int | None = None
@@ -55,15 +84,22 @@ class OfflineRun:
         self.source = source
         self.clock_ms = int(time.time() * 1000) if clock_ms is None else clock_ms
         self.table = DictTable()
+        """Stays empty: every user of the run is held in `users`."""
         self.processor = Processor(
             config,
             events_topic=source,
             ticks_topic=TICKS,
             time=TimePolicy(hold_until_end=True),
-            output_format="json",
+            output_format=None,  # each output's message is written as a JSON line
         )
-        self._batch = Batch(self.table, config)
+        self._held = HeldUsers()
+        self._batch = self._new_batch()
         self._pending = 0
+
+    @property
+    def users(self) -> dict[bytes, StoredUser]:
+        """Each user's state as of the last finished batch (all of them after `finish`)."""
+        return self._held.users
 
     @property
     def counts(self) -> Any:
@@ -96,15 +132,18 @@ class OfflineRun:
         return outputs
 
     def states(self) -> dict[str, EngineState]:
-        """Each user's final state (after `finish`)."""
+        """Each user's final state (after `finish`), read back from its stored bytes."""
         return {
             key.decode(): decode_stored(raw, self.config).state
-            for key, raw in self.table.values.items()
+            for key, raw in self._encoded().items()
         }
 
     def stored(self) -> dict[str, bytes]:
         """Each user's final table value, as the worker would store it."""
-        return {key.decode(): raw for key, raw in self.table.values.items()}
+        return {key.decode(): raw for key, raw in self._encoded().items()}
+
+    def _encoded(self) -> dict[bytes, bytes]:
+        return {key: encode_stored(user) for key, user in self.users.items()}
 
     def _message(self, index: int, raw: bytes | None, event: Event | None) -> InMessage:
         key = None if event is None else event.user.encode()
@@ -117,11 +156,16 @@ class OfflineRun:
             self._store()
         return outputs
 
+    def _new_batch(self) -> Batch:
+        return Batch(self.table, self.config, cache=self._held)
+
     def _store(self) -> None:
-        """Write the batch's changed users to the table and start a new batch."""
-        for key, value, partition in self._batch.writes():
-            self.table.set(key, value, partition)
-        self._batch = Batch(self.table, self.config)
+        """Hold the batch's changed users and start a new batch."""
+        users = self.users
+        for key, slot in self._batch.slots.items():
+            if slot.dirty:
+                users[key] = slot.user
+        self._batch = self._new_batch()
         self._pending = 0
 
 
