@@ -207,7 +207,7 @@ class StateCache:
     def peek(self, key: bytes) -> StoredUser | None:
         """The cached user or None, read-only: no hit or miss counted, the LRU order kept.
 
-        Safe from another thread (the lookup API's): dict lookups, atomic under the GIL, that
+        Safe from another thread: dict lookups, atomic under the GIL, that
         never mutate or iterate the cache. A user leaves `unwritten` only after it is in
         `users`, so it is always in one of them; the StoredUser returned and its engine state
         are replaced, never changed, when its user changes.
