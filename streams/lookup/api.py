@@ -780,7 +780,8 @@ def _unavailable(item: BatchItem, partition: int, reason: str) -> dict[str, Any]
 
 
 class FaustNode:
-    """`Node` over the running Faust app: assignment, table copies, lag, the producer."""
+    """The running Faust app as the API process's feed (`streams.lookup.replica.Feed`) reads
+    it: assignment, table copies, lag, counters, the producer."""
 
     def __init__(self, app: Any, runtime: Any, me: str) -> None:
         self.app, self.runtime, self.me = app, runtime, me
@@ -811,24 +812,10 @@ class FaustNode:
                     owners[partition] = str(url)
         return owners
 
-    def view(self, partition: int) -> PartitionView:
-        from faust.types import TP  # noqa: PLC0415
-
-        tp = TP(self.changelog, partition)
-        assignor = self.app.assignor
-        dbs = faust_patches.open_partitions(self.table)
-        local: Any = None
-        settling = self._settling()
-        if tp in assignor.assigned_actives():
-            local = "active"
-            settling = settling or partition not in dbs
-        elif tp in assignor.assigned_standbys() and partition in dbs:
-            local = "standby"
-        return PartitionView(local, settling, self._owners().get(partition), self.me)
-
     def views(self) -> dict[int, tuple[str | None, bool, str | None]]:
-        """Every partition's (local role, settling, owner URL), as `view` gives them, at once
-        (the API process's status)."""
+        """Every partition's (local role, settling, owner URL) for the API process's status:
+        an owner is settling while rebalancing or restoring, or until its copy is open; a
+        standby counts once its copy is open."""
         from faust.types import TP  # noqa: PLC0415
 
         assignor = self.app.assignor
@@ -851,12 +838,6 @@ class FaustNode:
     def databases(self) -> dict[int, Any]:
         """The open local copies (RocksDB databases) by partition."""
         return faust_patches.open_databases(self.table)
-
-    def get(self, partition: int, key: bytes) -> bytes | None:
-        if partition not in faust_patches.open_partitions(self.table):
-            msg = f"partition {partition} is not open on this worker (moved away); retry"
-            raise ApiError(503, msg, retry_after=RETRY_AFTER_S, partition=partition)
-        return faust_patches.store_get(self.table, partition, key)
 
     def routing(self) -> dict[str, Any]:
         owners = self._owners()

@@ -29,7 +29,7 @@ from streams.lookup.replica import (
     ReplicaCache,
     ReplicaNode,
 )
-from streams.lookup.serving import ApiError
+from streams.lookup.serving import RETRY_AFTER_S, ApiError
 from streams.runtime.memory import GcPolicy
 
 
@@ -58,7 +58,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
                 return await future
         except TimeoutError:
             msg = "the worker did not append the reveal in time; retry"
-            raise ApiError(503, msg, retry_after=1) from None
+            raise ApiError(503, msg, retry_after=RETRY_AFTER_S) from None
         finally:
             pending.pop(request, None)
 
@@ -95,7 +95,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
                     if message[4] is None:
                         future.set_result((message[2], message[3]))
                     else:
-                        future.set_exception(ApiError(503, message[4], retry_after=1))
+                        future.set_exception(ApiError(503, message[4], retry_after=RETRY_AFTER_S))
             else:
                 replica.apply(message)
     finally:

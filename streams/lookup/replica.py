@@ -47,7 +47,7 @@ from engine import EngineConfig
 from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
-from streams.lookup.serving import ApiError, PartitionView
+from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView
 from streams.settings.peers import Peers
 
 log = logging.getLogger("oracular.api")
@@ -206,7 +206,7 @@ class ReplicaNode:
     def get(self, partition: int, key: bytes) -> bytes | None:
         if partition not in self.replica.synced:
             msg = f"partition {partition} is not open on this worker (moved away); retry"
-            raise ApiError(503, msg, retry_after=1, partition=partition)
+            raise ApiError(503, msg, retry_after=RETRY_AFTER_S, partition=partition)
         return self.replica.values.get(partition, {}).get(key)
 
     def routing(self) -> dict[str, Any]:
@@ -418,6 +418,7 @@ class Feed:
             await self._spawn()
 
     async def _reap(self) -> int | None:
+        """Wait for the API process to exit (10 s at most, then kill it); its exit code."""
         process = self.process
         if process is None:
             return None
@@ -497,10 +498,5 @@ class Feed:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
-        process = self.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(process.wait, 10.0)
-                return
-            process.kill()
-            await asyncio.to_thread(process.wait)
+        if self.process is not None and self.process.poll() is None:
+            await self._reap()
