@@ -408,10 +408,10 @@ def run_worker(args: argparse.Namespace) -> int:
         env = {**main_env(), **as_environment(flag_values(args))}
         environments = child_environments(args.processes, env, settings.state_dir)
         return run_processes(["--loglevel", args.loglevel, "--no-create-topics"], environments)
-    from streams.runtime.app import create_app
+    from streams.worker import create_worker
 
     use_fast_event_loop()
-    app = create_app(settings, config)
+    app = create_worker(settings, config)
     faust_worker(app, args.loglevel).execute_from_commandline()
     return 0
 
@@ -423,7 +423,7 @@ def run_backfill(args: argparse.Namespace) -> int:
     import time
 
     from schemas.events import show_time
-    from streams.runtime.app import create_app
+    from streams.runtime.app import create_runtime
     from streams.runtime.backfill import Backfill, Range
 
     try:
@@ -465,10 +465,11 @@ def run_backfill(args: argparse.Namespace) -> int:
         owned=(lambda: _owned(app, events_topic)) if one_of_many else None,
     )
     use_fast_event_loop()
-    app = create_app(settings, config, backfill=plan)
+    runtime = create_runtime(settings, config, backfill=plan)
+    app = runtime.app
     with contextlib.suppress(SystemExit):  # the worker exits through SystemExit
         faust_worker(app, args.loglevel).execute_from_commandline()
-    processor = app.oracular.processor  # type: ignore[attr-defined]
+    processor = runtime.processor
     elapsed = time.monotonic() - started
     rate = processor.handled() / max(elapsed, 1e-9)
     summary = processor.summary(", ")

@@ -4,7 +4,7 @@ What the runtime and the lookup API call of the wall is named here; nothing else
 The patches (streams/faust/registry.py lists them: the upstream method, its pinned source
 hash, the upstream issue, the reason and the test that fails without it) are applied once,
 when this module is imported (`streams.runtime.app` imports it, so `oracular worker` and
-`faust -A streams.runtime.app worker` both run patched), and only onto the faust-streaming and
+`faust -A streams.worker worker` both run patched), and only onto the faust-streaming and
 aiokafka versions they were written for (`FAUST_VERSION`, `AIOKAFKA_VERSION`): another version
 raises `FaustVersionError`, because the patched methods must be re-read against it first.
 """

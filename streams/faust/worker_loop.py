@@ -82,7 +82,7 @@ class ConsumerOnWorkerLoop(AIOKafkaConsumerThread):
 def _new_consumer_thread(self: Any) -> Any:
     """`faust.transport.drivers.aiokafka.Consumer._new_consumer_thread`: the consumer on the
     app's own loop when the app says so (`ConsumerSettings.on_worker_loop`, configured by
-    `streams.runtime.app.create_app`), else Faust's consumer thread."""
+    `streams.runtime.app.create_runtime`), else Faust's consumer thread."""
     if not consumer_settings(self.app).on_worker_loop:
         return ORIGINALS[AIOKafkaConsumer, "_new_consumer_thread"](self)
     return ConsumerOnWorkerLoop(

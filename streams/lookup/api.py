@@ -2,9 +2,9 @@
 
 Every worker serves it (docs/serving.md) from a process of its own (`streams.lookup.replica` feeds
 it, `streams.lookup.process` runs it), started before the consumer joins the group, so
-`/livez` and `/readyz` answer during start-up and recovery. `install_serving(app, runtime)` is
-the one hook `streams.runtime.app.create_app` calls. The handlers here run against a `Node`: the
-replica in the API process, or a fake in unit tests.
+`/livez` and `/readyz` answer during start-up and recovery. `install_serving(app, runtime,
+settings)` is the one hook the worker (`streams.worker.create_worker`) calls. The handlers
+here run against a `Node`: the replica in the API process, or a fake in unit tests.
 
 - Lookups are routed by the user's partition (murmur2, `streams.lookup.serving.partition_for`): the
   worker owning it answers from its copy; any other worker forwards exactly one hop to the
@@ -783,10 +783,9 @@ class FaustNode:
     """The running Faust app as the API process's feed (`streams.lookup.replica.Feed`) reads
     it: assignment, table copies, lag, counters, the producer."""
 
-    def __init__(self, app: Any, runtime: Any, me: str) -> None:
+    def __init__(self, app: Any, runtime: Any, me: str, settings: Settings) -> None:
         self.app, self.runtime, self.me = app, runtime, me
-        settings: Settings = runtime.settings
-        self.settings = settings
+        self.ready_max_lag = settings.ready_max_lag
         self.partitions = settings.topics.events.partitions
         self.events_topic = settings.topics.events.name
         self.config = runtime.processor.config
@@ -871,8 +870,8 @@ class FaustNode:
         if self.assigned_once and app.unassigned:
             reasons.append("unassigned: this worker owns no partition")
         lag = sum(self.lag().values())
-        if lag > self.settings.ready_max_lag:
-            reasons.append(f"lag {lag} > ORACULAR_READY_MAX_LAG {self.settings.ready_max_lag}")
+        if lag > self.ready_max_lag:
+            reasons.append(f"lag {lag} > ORACULAR_READY_MAX_LAG {self.ready_max_lag}")
         return reasons
 
     def lag(self) -> dict[int, int]:
@@ -1113,14 +1112,13 @@ def bind_api(settings: Settings, default_port: int = DEFAULT_PORT) -> socket.soc
     return sock
 
 
-def install_serving(app: Any, runtime: Any) -> Feed:
+def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
     """Serve the API from this worker: bind, advertise, route, time batches.
 
     Binds the socket now, so the URL Faust's assignor shares with the group is known before
     the worker joins; Faust's own table views stay off. The API runs in a process of its own
     (`streams.lookup.replica`) that this worker starts and feeds.
     """
-    settings: Settings = runtime.settings
     sock = bind_api(settings)
     check_exposure(settings, sock)
     tls_contexts(settings)  # a file that cannot be loaded stops the worker here, in one line
@@ -1132,7 +1130,7 @@ def install_serving(app: Any, runtime: Any) -> Feed:
     # a standby trails only by the changelog's replication delay.
     node_table = app.tables[STATE_TABLE]
     node_table.standby_buffer_size = 1
-    node = FaustNode(app, runtime, url)
+    node = FaustNode(app, runtime, url, settings)
     args = ChildArgs(
         url=url,
         app_id=settings.app_id,

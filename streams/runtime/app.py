@@ -1,7 +1,7 @@
 """The Faust app: topics, the state table, the agent, the timer and the summary log.
 
-Run it with `oracular worker --config FILE` (or `faust -A streams.runtime.app worker`, reading the
-`ORACULAR_*` environment variables of `streams/settings/`).
+`create_runtime` builds it. The worker (`streams/worker.py`: `oracular worker`, `faust -A
+streams.worker worker`) adds the lookup API to it; a backfill runs it as it is.
 
 The agent is thin: it takes a batch of messages (input and ticks, co-partitioned), lets
 `streams.runtime.processor.Processor` decide everything, then hands the batch to
@@ -24,7 +24,6 @@ import faust
 from faust.types import TP
 
 from engine import EngineConfig
-from schemas.config import load_config
 from schemas.ticks import encode_tick
 from streams.faust import patches as faust_patches
 from streams.faust.config import ConsumerSettings
@@ -42,9 +41,9 @@ from streams.runtime.memory import GcPolicy
 from streams.runtime.positions import Positions
 from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
 from streams.runtime.state_table import FaustTable, fence_stale_changelog_records
-from streams.settings import ROCKSDB_OPTIONS, Settings, describe, settings_from_env
+from streams.settings import ROCKSDB_OPTIONS, Settings
 from streams.settings.exits import EXIT_USAGE
-from streams.settings.topics import STATE_TABLE
+from streams.settings.topics import STATE_TABLE, ProductTopics
 
 log = logging.getLogger("oracular.worker")
 
@@ -96,10 +95,12 @@ def quiet_transient_coordinator_errors() -> None:
         logger.addFilter(_TransientCoordinatorErrors())
 
 
-def create_app(
+def create_runtime(
     settings: Settings, config: EngineConfig, backfill: Backfill | None = None
-) -> faust.App:
-    """Build the worker's Faust app for `settings` and the engine `config`.
+) -> Runtime:
+    """Build the worker's Faust app for `settings` and the engine `config`, and the runtime
+    its agent and timers run (`Runtime.app` is the app). The one place that reads the whole
+    settings: each part gets the few values it uses.
 
     With `backfill`, inputs at or past its stop offsets are not applied and `backfill.done`
     is called when the end is reached.
@@ -184,15 +185,24 @@ def create_app(
         # ticks sent at once, so no batch stalls the worker for seconds on them.
         timer_closes_per_batch=TIMER_CLOSES_PER_BATCH,
     )
-    runtime = _Runtime(app, processor, FaustTable(table), settings, backfill=backfill, ticks=ticks)
+    runtime = Runtime(
+        app,
+        processor,
+        FaustTable(table),
+        topics,
+        fence=Fence(
+            app,
+            session_timeout_s=settings.session_timeout_s,
+            ticks_topic=topics.ticks.name,
+            on_fenced=processor.note_fenced_batch,
+        ),
+        gaps=GapFiller(settings.broker, settings.client_kwargs()),
+        write_interval_s=settings.state_write_interval_s,
+        batch_max=settings.batch_max,
+        backfill=backfill,
+        ticks=ticks,
+    )
     fence_stale_changelog_records(table, runtime.repair, runtime.table.tap)
-    app.oracular = runtime  # type: ignore[attr-defined]  # for tests and web views
-    if (
-        backfill is None
-    ):  # the lookup API, health and metrics (streams/lookup/api.py, docs/serving.md)
-        from streams.lookup.api import install_serving  # noqa: PLC0415 - aiohttp only in workers
-
-        install_serving(app, runtime)
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
@@ -234,10 +244,10 @@ def create_app(
         await runtime.gaps.close()
 
     del process, tick, keep_lease, summary, rebuild_deadlines, forget, final_summary  # registered
-    return app
+    return runtime
 
 
-class _Runtime:
+class Runtime:
     """The agent's and timers' bodies, with what they share. A batch is applied here and
     committed by `BatchCommit` (streams/runtime/commit.py); fencing (`Fence`), positions
     (`Positions`), memory (`GcPolicy`), backfill progress (`Backfill`) and crash tests
@@ -248,23 +258,21 @@ class _Runtime:
         app: Any,
         processor: Processor,
         table: FaustTable,
-        settings: Settings,
+        topics: ProductTopics,
         *,
+        fence: Fence,
+        gaps: GapFiller,
+        write_interval_s: float,
+        batch_max: int,
         backfill: Backfill | None = None,
         ticks: Any,
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
-        self.settings = settings
         self.backfill = backfill
-        self.events_topic = settings.topics.events.name
-        self.ticks_topic = settings.topics.ticks.name
+        self.events_topic = topics.events.name
+        self.ticks_topic = topics.ticks.name
         self.positions = Positions(app, processor, self.events_topic, backfill)
-        self.fence = Fence(
-            app,
-            session_timeout_s=settings.session_timeout_s,
-            ticks_topic=self.ticks_topic,
-            on_fenced=processor.note_fenced_batch,
-        )
+        self.fence = fence
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy(log)
         self.commit = BatchCommit(
@@ -273,19 +281,19 @@ class _Runtime:
             table,
             self.fence,
             {
-                PREDICTIONS: settings.topics.predictions.name,
-                EPISODES: settings.topics.episodes.name,
-                DLQ: settings.topics.dlq.name,
+                PREDICTIONS: topics.predictions.name,
+                EPISODES: topics.episodes.name,
+                DLQ: topics.dlq.name,
             },
-            write_interval_s=settings.state_write_interval_s,
-            batch_max=settings.batch_max,
+            write_interval_s=write_interval_s,
+            batch_max=batch_max,
             faults=self.faults,
             progress=None if backfill is None else self._backfill_progress,
         )
         self.repairs: dict[int, set[bytes]] = {}
         self.ticks = ticks
         """The ticks topic (Faust's), which the timer's ticks are sent to."""
-        self.gaps = GapFiller(settings.broker, settings.client_kwargs())
+        self.gaps = gaps
         self.batch_timers: list[Callable[[float, int], None]] = []
         """Told each batch's seconds and events (`time_batches`)."""
         self._last_summary = (time.monotonic(), 0)
@@ -368,7 +376,7 @@ class _Runtime:
             return
         if self.backfill is not None:
             await self._check_deleted_input()
-        ticks_topic = self.settings.topics.ticks.name
+        ticks_topic = self.ticks_topic
         await self._tick(
             tp.partition for tp in app.consumer.assignment() if tp.topic == ticks_topic
         )
@@ -419,7 +427,7 @@ class _Runtime:
         """After recovery: the processor's clocks and deadline index from the table, and the
         users to write again."""
         self.commit.drop_held("recovered")
-        consumer, ticks = self.app.consumer, self.settings.topics.ticks.name
+        consumer, ticks = self.app.consumer, self.ticks_topic
         self.processor.rebuild(
             table.items(),
             _wall_ms(),
@@ -524,23 +532,3 @@ def _in_message(event: Any) -> InMessage:
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-def app_from_env() -> faust.App:
-    """The app `faust -A streams.runtime.app` and `oracular worker` run: settings from
-    ORACULAR_*."""
-    settings = settings_from_env()
-    config = load_config(settings.config_path)
-    log.info("oracular worker settings:\n%s", describe(settings))
-    return create_app(settings, config)
-
-
-def __getattr__(name: str) -> Any:
-    """`streams.runtime.app.app`, built from the environment on first use (for `faust -A
-    streams.runtime.app`)."""
-    if name == "app":
-        built = app_from_env()
-        globals()["app"] = built
-        return built
-    msg = f"module {__name__!r} has no attribute {name!r}"
-    raise AttributeError(msg)

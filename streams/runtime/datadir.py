@@ -2,7 +2,7 @@
 
 The datadir holds every user's state (RocksDB) in plain bytes, and each state records the
 input offsets it applied, which mean something only for the app's own changelog and input
-topic. So `prepare` (called by `streams.runtime.app.create_app` before Faust opens anything):
+topic. So `prepare` (called by `streams.runtime.app.create_runtime` before Faust opens anything):
 
 - creates it 0700 (and closes an existing one to 0700): no other local user can list or read
   the RocksDB files, whatever their own modes;

@@ -4,7 +4,7 @@ The `SETTINGS` table and its one builder here; the product's topics in `topics.p
 `SETTINGS` below is the one table of every deployment knob: its name, type, default, environment
 variable, `oracular worker` flag (if it has one) and what it means. Everything else is derived
 from it: the `Settings` object's defaults, `load_settings` (the one builder: `oracular worker`,
-`backfill`, `produce`, `tail`, `reset`, `query` and `faust -A streams.runtime.app worker` all read
+`backfill`, `produce`, `tail`, `reset`, `query` and `faust -A streams.worker worker` all read
 their settings through it), the flags' help texts (`add_flag`) and the settings table in
 docs/operations.md (`markdown_table`; a test fails when the page differs, and
 `python -m streams.settings` prints the table to paste).
@@ -494,7 +494,7 @@ def _read_token_file(values: dict[str, Any], where_from: Mapping[str, str]) -> l
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     """The settings from `env` alone (default: the process environment): `load_settings`
-    without flags, as `faust -A streams.runtime.app worker` runs."""
+    without flags, as `faust -A streams.worker worker` runs."""
     return load_settings(env)
 
 

@@ -101,7 +101,7 @@ def make_fleet(dep: Deployment, workdir: Path, size: int) -> Fleet:
     for n in range(size):
         workers.append(
             FaustWorker(
-                "streams.runtime.app",
+                "streams.worker",
                 env={"ORACULAR_BROKER": dep.bootstrap, "ORACULAR_APP_ID": dep.app_id, **env},
                 datadir=workdir / f"w{n}" / "data",
                 log_path=workdir / f"w{n}" / "worker.log",

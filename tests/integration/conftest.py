@@ -72,7 +72,7 @@ WorkerFactory = Callable[..., FaustWorker]
 def faust_worker(kafka: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     """Make Faust workers (not yet started); whatever still runs at teardown is killed.
 
-    ``faust_worker("streams.runtime.app", app_id="x", env={...})`` gives a worker wired to the
+    ``faust_worker("streams.worker", app_id="x", env={...})`` gives a worker wired to the
     session broker with its own datadir and log under tmp_path. `argv` replaces the default
     ``python -m faust -A <app> worker ...`` command (e.g. the product's ``oracular worker``).
     """

@@ -91,7 +91,7 @@ async def consume_until(
 
 
 def faust_worker_argv(app: str) -> list[str]:
-    """The command line of a Faust worker for `app` (a module path like streams.runtime.app)."""
+    """The command line of a Faust worker for `app` (a module path like streams.worker)."""
     return [sys.executable, "-m", "faust", "-A", app, "worker", "-l", "info", "--without-web"]
 
 

@@ -305,9 +305,7 @@ async def attack_a_worker(
     dep = deployment(kafka, request.node.name, settings={**EVENT_TIME_ONLY, **LIMITS})
     await dep.create_topics()
     argv = ["prlimit", f"--nofile={WORKER_FILES}:{WORKER_FILES}", "--", *dep.argv()]
-    worker = faust_worker(
-        "streams.runtime.app", app_id=dep.app_id, env=dep.env(), argv=argv
-    ).start()
+    worker = faust_worker("streams.worker", app_id=dep.app_id, env=dep.env(), argv=argv).start()
     assert worker.process is not None  # prlimit runs the worker in its own process (exec)
     api = Api(api_url(worker))
     api_process = api_pid(worker)  # the lookup API's own process (the same file limit)

@@ -58,7 +58,7 @@ CHUNK = 40  # events per produce step (plain, committed transaction, aborted tra
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment) -> FaustWorker:
     """A worker for `dep` (not yet started) running `oracular worker`."""
-    return faust_worker("streams.runtime.app", app_id=dep.app_id, env=dep.env(), argv=dep.argv())
+    return faust_worker("streams.worker", app_id=dep.app_id, env=dep.env(), argv=dep.argv())
 
 
 async def assert_equals_replay_of(dep: Deployment, events: Sequence[Event], until: int) -> None:

@@ -55,9 +55,7 @@ API_PROCESS_LINE = re.compile(r"lookup API process: (\d+)")
 
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
-    return faust_worker(
-        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
-    )
+    return faust_worker("streams.worker", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
 
 
 def api_url(worker: FaustWorker) -> str:

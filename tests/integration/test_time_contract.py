@@ -77,9 +77,7 @@ CLOSE_TIMEOUT_S = 30.0  # a close the watermark made due has been published
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
     """A worker for `dep` (not yet started) running `oracular worker`."""
-    return faust_worker(
-        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
-    )
+    return faust_worker("streams.worker", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
 
 
 Timed = tuple[bytes, bytes, int | None]

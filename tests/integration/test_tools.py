@@ -224,7 +224,7 @@ def test_reset_refuses_while_a_worker_runs(kafka, name, faust_worker, tmp_path):
     prefix = name("busy")
     app_id = f"{prefix}-app"
     worker = faust_worker(
-        "streams.runtime.app",
+        "streams.worker",
         app_id=app_id,
         env={
             "ORACULAR_TOPIC_PREFIX": prefix,

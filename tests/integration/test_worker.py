@@ -69,9 +69,7 @@ SILENT_WAIT_S = 30.0  # long enough to see a late close and report how late it w
 
 def worker_for(faust_worker: WorkerFactory, dep: Deployment, **env: str) -> FaustWorker:
     """A worker for `dep` (not yet started) running `oracular worker`."""
-    return faust_worker(
-        "streams.runtime.app", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv()
-    )
+    return faust_worker("streams.worker", app_id=dep.app_id, env=dep.env(**env), argv=dep.argv())
 
 
 async def assert_no_dead_letters(dep: Deployment) -> None:
@@ -420,7 +418,7 @@ async def test_processes_flag_runs_workers_of_one_app_id_that_share_the_partitio
     expected = expected_outputs(dep.config, events, until=until)
     await dep.create_topics()
     worker = faust_worker(
-        "streams.runtime.app",
+        "streams.worker",
         app_id=dep.app_id,
         env=dep.env(ORACULAR_TICK_INTERVAL_S=FAST_TICK_S),
         argv=[*dep.argv(), "--processes", "2"],

@@ -51,19 +51,19 @@ def test_another_apps_datadir_is_refused_in_one_line(
 def test_the_worker_refuses_another_apps_datadir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
+    from streams.worker import create_worker
 
     config = load_config("examples/oracular.yaml")
     datadir = str(tmp_path / "state")
     env = {"ORACULAR_DATADIR": datadir, "ORACULAR_API_PORT": "0"}  # 6067 may be taken
     settings = settings_from_env({**env, "ORACULAR_APP_ID": "app-b"})
-    create_app(settings, config)
+    create_worker(settings, config)
     assert read_owner(tmp_path / "state") == {"app_id": "app-b", "events_topic": "oracular.events"}
     assert mode(tmp_path / "state") == 0o700
     other = settings_from_env({**env, "ORACULAR_APP_ID": "app-a"})
     with pytest.raises(SystemExit) as caught:
-        create_app(other, config)
+        create_worker(other, config)
     assert caught.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     [line] = lines

@@ -802,7 +802,8 @@ def test_every_registered_patch_names_a_test_of_this_module_and_why(patch):
 
 
 def test_every_patch_is_applied_once_on_import():
-    """Importing streams.runtime.app applies them; applying again changes nothing."""
+    """Importing streams.runtime.app (the worker's runtime) applies them; applying again
+    changes nothing."""
     import streams.runtime.app  # noqa: F401 - the import is the point
 
     assert faust_patches.applied()
@@ -1101,13 +1102,13 @@ async def test_other_apps_keep_fausts_consumer_thread(patched):
 )
 def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, on_loop):
     from schemas.config import load_config
-    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
+    from streams.worker import create_worker
 
     env = {"ORACULAR_DATADIR": str(tmp_path / "state")}
     if setting is not None:
         env["ORACULAR_CONSUMER_LOOP"] = setting
-    app = create_app(settings_from_env(env), load_config("examples/oracular.yaml"))
+    app = create_worker(settings_from_env(env), load_config("examples/oracular.yaml"))
     thread = app.consumer._thread
     try:
         assert isinstance(thread, faust_worker_loop.ConsumerOnWorkerLoop) is on_loop

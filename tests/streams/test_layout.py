@@ -11,20 +11,22 @@ from pathlib import Path
 STREAMS = Path(__file__).resolve().parents[2] / "streams"
 
 ALLOWED = {
-    "cli": {"tools", "runtime", "lookup", "settings"},
+    "cli": {"worker", "tools", "runtime", "lookup", "settings"},
+    "worker": {"runtime", "lookup", "settings"},
     "tools": {"runtime", "settings"},
-    "runtime": {"faust", "settings", "lookup"},
+    "runtime": {"faust", "settings"},
     "lookup": {"faust", "settings", "runtime"},
     "faust": set(),
     "settings": set(),
 }
-"""Sub-package -> the others it may import (streams/README.md draws the same)."""
+"""Sub-package (or top-level module: `worker`) -> the others it may import (streams/README.md
+draws the same). One way only: `lookup/` reads `runtime/`, never the reverse; the worker
+(`streams/worker.py`) joins the two."""
 
-LATE_IMPORTS = {"cli", "runtime/app.py"}
+LATE_IMPORTS = {"cli"}
 """Where a module of the product may be imported inside a function: the commands import what
-they run only when they run (`oracular replay` loads no Faust), and the worker loads the
-lookup API (aiohttp) only when it serves. Never to dodge a cycle: the module graph of
-top-level imports has none, and these add none."""
+they run only when they run (`oracular replay` loads no Faust). Never to dodge a cycle: the
+module graph of top-level imports has none, and these add none."""
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -67,6 +69,17 @@ def test_sub_packages_import_only_what_the_layout_allows():
             if theirs and theirs != mine and theirs not in ALLOWED[mine]:
                 problems.append(f"{name} imports {imported}: {mine}/ may not import {theirs}/")
     assert problems == []
+
+
+def test_the_packages_depend_on_each_other_one_way():
+    """No two packages may import each other: the layout is a stack, read from the top."""
+    both_ways = sorted(
+        f"{mine} <-> {theirs}"
+        for mine, allowed in ALLOWED.items()
+        for theirs in allowed
+        if mine < theirs and mine in ALLOWED.get(theirs, set())
+    )
+    assert both_ways == []
 
 
 def test_no_import_cycle_between_modules_and_late_imports_only_where_allowed():

@@ -162,11 +162,12 @@ async def test_the_workers_record_batches_take_a_backlogs_states(tmp_path):
     few record batches per partition, not dozens of Faust's default 16 KiB: aiokafka hands a
     partition's next batch over only once the one before it is on its way."""
     from schemas.config import load_config
-    from streams.runtime.app import PRODUCER_BATCH_BYTES, create_app
+    from streams.runtime.app import PRODUCER_BATCH_BYTES
     from streams.settings import settings_from_env
+    from streams.worker import create_worker
 
     settings = settings_from_env({"ORACULAR_DATADIR": str(tmp_path / "state")})
-    app = create_app(settings, load_config("examples/oracular.yaml"))
+    app = create_worker(settings, load_config("examples/oracular.yaml"))
     assert app.conf.producer_max_batch_size == PRODUCER_BATCH_BYTES
     assert PRODUCER_BATCH_BYTES < 1_048_588  # the broker's default limit on a record batch
     producer = AIOKafkaProducer(

@@ -662,13 +662,13 @@ def test_fausts_web_server_serves_no_table_or_router_views(tmp_path, config) -> 
     """With Faust's own web server on (ORACULAR_WEB_PORT), its raw table views (stored state,
     no token) and its router (the workers' URLs) are not served, and it binds to the API's
     host, not every interface."""
-    from streams.runtime.app import create_app
     from streams.settings import settings_from_env
+    from streams.worker import create_worker
 
     settings = settings_from_env(
         {"ORACULAR_WEB_PORT": "0", "ORACULAR_DATADIR": str(tmp_path / "state")}
     )
-    app = create_app(settings, config)
+    app = create_worker(settings, config)
     assert app.conf.web_enabled and app.conf.web_bind == "127.0.0.1"
     prefixes = {prefix for prefix, _ in app.web.blueprints._enabled}
     assert "/table" not in prefixes and "/router" not in prefixes, prefixes

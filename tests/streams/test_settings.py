@@ -206,17 +206,17 @@ def _stub_deployment(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_worker_flags_reach_the_settings_not_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import streams.runtime.app
+    import streams.worker
 
     seen = _stub_deployment(monkeypatch)
 
     class Stop(Exception):
         pass
 
-    def create_app(settings: Any, config: Any) -> Any:
+    def create_worker(settings: Any, config: Any) -> Any:
         raise Stop
 
-    monkeypatch.setattr(streams.runtime.app, "create_app", create_app)
+    monkeypatch.setattr(streams.worker, "create_worker", create_worker)
     monkeypatch.setenv("ORACULAR_LATENESS_MS", "1000")
     monkeypatch.setenv("ORACULAR_IDLE_MS", "2000")
     with pytest.raises(Stop):
