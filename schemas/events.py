@@ -578,8 +578,9 @@ stops it with `_NotFast`, and the message is parsed again with `_JSON_PLAIN` or
 text as those (numbers convert alike), so it raises the same errors at the same places; a
 parse it finishes has every number within the walk's rules, which lets the walk be skipped
 when the text's size, commas and brackets show nothing else can break one (`_parse_json`).
-The general path scanned each message for long digit runs (8 µs for a Segment message) and
-walked every value (6 µs); this one makes a Python call per number instead."""
+The general path scanned each message for long digit runs and walked every value (together
+most of a Segment message's decode, BENCHMARKS.md); this one makes a Python call per number
+instead."""
 
 _JSON_PLAIN: Final = json.JSONDecoder(
     parse_constant=float,  # NaN, Infinity: rejected by the walk, with the field

@@ -105,8 +105,8 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
 
 async def collect_garbage() -> None:
     """The worker's collector policy (`GcPolicy`), here too: the decoded users are many
-    long-lived objects, and full collections walking them paused lookups for 100 ms and more
-    with tens of thousands decoded."""
+    long-lived objects, and full collections walking them paused lookups for far longer than
+    a lookup takes, with tens of thousands decoded."""
     memory = GcPolicy(logging.getLogger("oracular.api"))
     GcPolicy.tune()
     memory.freeze()

@@ -1,8 +1,8 @@
 """The lookup API in a process of its own, answering from a replica of the worker's table.
 
 A lookup served by a thread of the worker waits for the interpreter lock behind the worker's
-batches (and behind every collection or long C call they make): at half load that was 10 ms
-at the median and 50 ms at the 99th percentile for one user. Here the API is a child process
+batches (and behind every collection or long C call they make): at half load, several times
+its idle latency (BENCHMARKS.md has the A/B). Here the API is a child process
 (`streams.lookup.process`, started and supervised by the worker) that holds the lock alone:
 
 - The worker passes it the listening socket and a channel (a Unix socket pair). Over the
