@@ -1147,7 +1147,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
     )
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)
-    runtime.table.tap.listener = feed.written
+    runtime.watch_writes(feed.written)
     app.add_dependency(ApiService(app, feed, url, sock))
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
@@ -1155,5 +1155,4 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         node.assigned_once = True
 
     runtime.time_batches(metrics.batch)
-    runtime.api = feed
     return feed

@@ -40,7 +40,7 @@ from streams.runtime.gapfill import GapFiller, fill_holes
 from streams.runtime.memory import GcPolicy
 from streams.runtime.positions import Positions
 from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
-from streams.runtime.state_table import FaustTable, fence_stale_changelog_records
+from streams.runtime.state_table import FaustTable, Written, fence_stale_changelog_records
 from streams.settings import ROCKSDB_OPTIONS, Settings
 from streams.settings.exits import EXIT_USAGE
 from streams.settings.topics import STATE_TABLE, ProductTopics
@@ -301,6 +301,11 @@ class Runtime:
     def time_batches(self, timer: Callable[[float, int], None]) -> None:
         """Call `timer(seconds, events)` after every batch (the lookup API's metrics)."""
         self.batch_timers.append(timer)
+
+    def watch_writes(self, listener: Written) -> None:
+        """Tell `listener` every write to the table's local copies (the lookup API's replica):
+        the batches' states, restored and standby changelog records."""
+        self.table.tap.listener = listener
 
     async def run_batch(self, events: list[Any]) -> None:
         """One batch, timed for `time_batches`."""
