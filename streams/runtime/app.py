@@ -360,7 +360,7 @@ class Runtime:
 
         def advance(messages: list[InMessage]) -> None:
             backfill.advance(
-                messages, next_offset, self.ticks_topic, self.processor.took_tick_left_due
+                messages, next_offset, self.ticks_topic, self.processor.took_tick_at_end
             )
 
         return advance

@@ -88,15 +88,18 @@ class Backfill:
         messages: Iterable[InMessage],
         next_offset: Mapping[int, int],
         ticks_topic: str,
-        left_due: Callable[[tuple[int, int]], bool] = lambda tick: False,
+        at_end: Callable[[tuple[int, int]], bool],
     ) -> None:
         """After a batch is written: move the progress line on, note partitions that had a
         tick once caught up, and call `done()` when every partition has.
 
-        A tick for which `left_due((partition, offset))` is True closed only part of its
-        partition's due episodes (a batch closes at most so many; the worker ticks again at
-        once for the rest): it finishes nothing (the processor forgets it as it answers). The
-        tick that closes the last of them does, once its batch is written."""
+        Only a tick for which `at_end((partition, offset))` is True finishes its partition
+        (`Processor.took_tick_at_end`, which forgets the tick as it answers): one handled
+        with the partition at its end, that closed every episode due there. A tick handled
+        before the partition's last inputs, in the same batch or in one held with it, closed
+        nothing, though the partition is caught up by the time the batch is written; one that
+        closed only part of the due episodes (a batch closes at most so many; the worker
+        ticks again at once for the rest) leaves the rest to the next."""
         batch = list(messages)
         if self.progress is not None:
             handled = sum(next_offset.get(p, start) - start for p, start in self.start.items())
@@ -104,7 +107,7 @@ class Backfill:
         for message in batch:
             if message.topic != ticks_topic:
                 continue
-            if left_due((message.partition, message.offset)):
+            if not at_end((message.partition, message.offset)):
                 continue
             if self.caught_up(message.partition, next_offset):
                 self.finished.add(message.partition)

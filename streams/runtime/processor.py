@@ -357,6 +357,11 @@ class Processor:
         self.ticks_left_due: set[tuple[int, int]] = set()
         """(partition, offset) of the ticks that left due episodes open: a backfill's
         partition is finished only by a tick that closed all of them (`Backfill.advance`)."""
+        self.ticks_at_end: set[tuple[int, int]] = set()
+        """A bounded run's ticks handled with their partition at its end (the ones that close
+        what is due there): only such a tick finishes a backfill's partition. A tick handled
+        before the partition's last inputs in the same batch closes nothing, though the
+        partition is at its end once the batch is written (`took_tick_at_end`)."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
         self._gap_logged: dict[int, int] = {}
@@ -438,13 +443,15 @@ class Processor:
         self.more_due.clear()
         return due
 
-    def took_tick_left_due(self, tick: tuple[int, int]) -> bool:
-        """True when the tick (partition, offset) closed only part of its partition's due
-        episodes (the rest go on a tick sent again); the tick is forgotten as this answers."""
-        if tick not in self.ticks_left_due:
-            return False
+    def took_tick_at_end(self, tick: tuple[int, int]) -> bool:
+        """True when the tick (partition, offset) was handled with its partition at its end
+        (a bounded run) and closed every episode due there; False when it came before the
+        partition's end, or closed only part of them (the rest go on a tick sent again). The
+        tick is forgotten as this answers."""
+        at_end = tick in self.ticks_at_end and tick not in self.ticks_left_due
+        self.ticks_at_end.discard(tick)
         self.ticks_left_due.discard(tick)
-        return True
+        return at_end
 
     def write_again(self, partition: int, keys: Iterable[bytes]) -> None:
         """Write these users of `partition` again on its next tick (their last changelog
@@ -482,7 +489,10 @@ class Processor:
             if self.rewrite and partition in self.rewrite:
                 self._write_again(batch, message, self.rewrite.pop(partition))
             if message.topic == self.ticks_topic:
-                self.on_tick(batch, message, caught_up(partition), wall_ms())
+                at_end = caught_up(partition)
+                if at_end and self.time.hold_until_end:
+                    self.ticks_at_end.add((partition, message.offset))
+                self.on_tick(batch, message, at_end, wall_ms())
                 continue
             if self._beyond_end(message):
                 self.counts["beyond_end"] += 1

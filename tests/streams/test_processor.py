@@ -12,7 +12,8 @@ from schemas.config import load_config
 from schemas.outputs import decode_output
 from schemas.stored import decode_stored
 from schemas.ticks import encode_tick
-from streams.runtime.processor import Batch, InMessage, Processor, Table, TimePolicy
+from streams.runtime.backfill import Backfill
+from streams.runtime.processor import EPISODES, Batch, InMessage, Processor, Table, TimePolicy
 from tests.streams.test_cli_replay import CONFIG
 
 EVENTS, TICKS = "oracular.events", "oracular.ticks"
@@ -248,8 +249,6 @@ def test_a_mass_of_due_closes_spreads_over_ticks_with_the_same_outputs(config):
     assert wanted_more == [{0}, {0}, set(), set()]  # the worker ticks partition 0 again at once
     # A backfill is finished by the third tick, not by the two that left closes due.
     assert capped.ticks_left_due == {(0, 0), (0, 1)}
-    assert capped.took_tick_left_due((0, 0)) and not capped.took_tick_left_due((0, 0))
-    assert not capped.took_tick_left_due((0, 2))
     assert [len(outputs) for outputs in per_tick] == [2, 2, 1, 0]
     assert capped.more_due == set()  # the last ticks closed everything due: no tick again
     [once] = [_run_capped(whole, whole_table, [_tick(sent_at=late)])]
@@ -439,3 +438,50 @@ def test_held_users_are_read_by_later_batches_never_evicted_and_written_once(con
     apply(["u4"], 4)
     processor.forget([0])  # the partition revoked: held users go too
     assert not cache.unwritten and cache.peek(b"u4") is None
+
+
+def test_a_backfill_partition_is_finished_only_by_a_tick_at_its_end_that_closed_everything(
+    config,
+):
+    """A bounded run, as the runtime wires it (`Backfill.advance` after each written batch,
+    told `Processor.took_tick_at_end`): partition 0 stops at offset 3. A tick that comes in
+    the same batch before the partition's last input closes nothing (the partition is not at
+    its end yet), though the partition is caught up once the batch is written: it must not
+    finish the partition, or the backfill ends with its episodes never closed. Then, capped
+    at 2 closes a batch, the ticks at the end close the 3 users' episodes over two batches:
+    only the second finishes the backfill."""
+    ended: list[str] = []
+    run = Backfill(start={0: 0}, stop={0: 3}, done=lambda: ended.append("done"))
+    policy = TimePolicy(lateness_ms=10_000, idle_ms=0, hold_until_end=True)
+    processor = Processor(
+        config,
+        events_topic=EVENTS,
+        ticks_topic=TICKS,
+        time=policy,
+        stop_offsets=run.stop,
+        timer_closes_per_batch=2,
+    )
+    table, closes = DictTable(), []
+    late = TS + 60 * MIN
+
+    def batch(messages):
+        b = processor.batch(table)
+        processor.run_batch(
+            b, messages, lambda p: run.caught_up(p, processor.next_offset), lambda: late
+        )
+        for key, value, context in b.writes():
+            table.set(key, value, context)
+        closes.extend(o for o in b.outputs if o.role == EPISODES)
+        run.advance(messages, dict(processor.next_offset), TICKS, processor.took_tick_at_end)
+
+    events = [
+        _message(i, {"id": f"e{i}", "user": f"u{i}", "name": "pricing.viewed", "ts": TS + i})
+        for i in range(3)
+    ]
+    batch([events[0], events[1], _tick(sent_at=late, offset=0), events[2]])
+    assert (closes, ended) == ([], []), "a tick before the end finished the partition"
+    batch([_tick(sent_at=late, offset=1)])
+    assert (len(closes), ended) == (2, []), "a tick that left closes due finished it"
+    batch([_tick(sent_at=late, offset=2)])
+    assert (len(closes), ended) == (3, ["done"])
+    assert processor.ticks_at_end == set() and processor.ticks_left_due == set()
