@@ -254,8 +254,9 @@ async def window(
         "lookups": lookups,
         "events": a1 - a0,
         "seconds": t1 - t0,
-        "rate": (a1 - a0) / (t1 - t0),
-        "lookups_per_s": done / (t1 - t0),
+        # A window that starts with the backlog already drained measured nothing.
+        "rate": (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0,
+        "lookups_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
         "drained": a1 >= total,
     }
     say(f"window {'with' if lookups else 'without'} lookups: {row}")
