@@ -24,7 +24,9 @@ import pytest
 import rocksdict
 from aiohttp import ClientSession, ClientTimeout
 
-from engine import create_state, observe
+from engine import create_state, observe, predict_many
+from engine.episodes import clamp_time
+from engine.predict import predict_settled
 from schemas.config import load_config
 from schemas.stored import StoredUser, encode_stored
 from streams.lookup.api import bind
@@ -114,6 +116,35 @@ def test_a_write_drops_the_decoded_state(config: Any) -> None:
     cache.keep(b"u", user)
     replica.apply([BEGIN, 1])  # a new full copy of its partition
     assert cache.peek(b"u") is None
+
+
+def test_a_kept_view_is_dropped_with_its_decoded_state_and_answers_as_predict(
+    config: Any,
+) -> None:
+    """The view a lookup keeps with a decoded user (`Settled`) answers later lookups exactly
+    as `predict_many` on the state, and is gone once the user is written or kept again."""
+    replica = Replica()
+    cache = ReplicaCache(replica)
+    replica.apply([BEGIN, 1])
+    replica.apply([SYNCED, 1])
+    state = observe(create_state(config), "pricing.viewed", T0)
+    user = StoredUser(state, 1, 5)
+    cache.keep(b"u", user)
+    settled = cache.settled(b"u")
+    assert cache.settled(b"u") is settled
+    timeout = config.episode_timeout_ms
+    for at in (T0, T0 + 1, T0 + timeout, T0 + timeout + 1, T0 + 3 * timeout, T0 + timeout + 2):
+        at = clamp_time(state, at)
+        assert predict_settled(settled.as_of(state, at), at, list(config.intents)) == (
+            predict_many(state, at)
+        ), at
+    replica.apply([STATES, 1, [[b"u", b"newer"]]])
+    assert b"u" not in replica.settled
+    cache.keep(b"u", user)
+    assert cache.settled(b"u") is not settled
+    other = cache.settled(b"u")
+    cache.keep(b"u", StoredUser(observe(state, "limit.hit", T0 + 5), 1, 6))  # another state
+    assert cache.settled(b"u") is not other
 
 
 def test_a_stale_status_makes_every_local_partition_settling(config: Any) -> None:
