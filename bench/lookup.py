@@ -6,8 +6,9 @@ against a broker this bench starts on free ports (or --broker), on one machine.
 1. Throughput with and without lookup load. The synthetic clickstream (bench/synthetic.py) is
    produced to the input topic first; then two fresh workers (a new app id: a new group
    reading the topic from the start) are started together. Once both own partitions (routing
-   agreed, no rebalance), the backlog drains in alternating WINDOW_S windows without and with
-   lookup load (A B B A A B B A ..., so a drifting background load weighs on both alike); each
+   agreed, no rebalance), the backlog drains in alternating windows (WINDOW_S, `--window`)
+   without and with lookup load (A B B A A B B A ..., so a drifting background load weighs on
+   both alike); each
    window's rate is the slope of the applied-input counters of both workers' /metrics. In
    "with" windows, single-user lookups are sent from this process, each through the worker
    that does NOT own the user (one forward): by default CLIENTS closed-loop clients (as many
@@ -222,8 +223,9 @@ async def window(
     lookups: bool,
     total: int,
     rate: float | None = None,
+    seconds: float = WINDOW_S,
 ) -> dict[str, Any]:
-    """One WINDOW_S window of draining, with or without lookups (closed-loop clients, or
+    """One window of `seconds` draining, with or without lookups (closed-loop clients, or
     `rate` lookups a second on a fixed schedule)."""
     stop = asyncio.Event()
     clients: list[asyncio.Task[Any]] = []
@@ -238,7 +240,7 @@ async def window(
         ]
     t0, a0 = time.monotonic(), await applied(http, urls)
     t1, a1 = t0, a0
-    while time.monotonic() - t0 < WINDOW_S and a1 < total:
+    while time.monotonic() - t0 < seconds and a1 < total:
         await asyncio.sleep(0.5)
         t1, a1 = time.monotonic(), await applied(http, urls)
     stop.set()
@@ -361,6 +363,7 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
                     lookups=lookups,
                     total=len(events),
                     rate=args.lookup_rate,
+                    seconds=args.window,
                 )
                 if row["drained"]:
                     break
@@ -454,6 +457,7 @@ def report(
         f"--runs {args.runs}"
         + (f" --live-rate {args.live_rate:g}" if args.live_rate else "")
         + (f" --lookup-rate {args.lookup_rate:g}" if args.lookup_rate else "")
+        + (f" --window {args.window:g}" if args.window != WINDOW_S else "")
         + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
         + "\n"
     )
@@ -471,7 +475,7 @@ def report(
     read = ", ".join(f"{n:,.0f} from the {s}" for s, n in sorted(sources.items()))
     print(f"\nusers read by the owners during the latency phase: {read or 'not reported'}\n")
     print(
-        f"| processing (2 workers draining a backlog, alternating {WINDOW_S:.0f} s windows) "
+        f"| processing (2 workers draining a backlog, alternating {args.window:g} s windows) "
         "| events/s per window | pooled |"
     )
     print("|---|---|---:|")
@@ -503,6 +507,13 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=WINDOW_S,
+        help="seconds per throughput window (shorter windows alternate faster, so a "
+        "background load that drifts weighs on both kinds more alike)",
+    )
     parser.add_argument(
         "--lookup-rate",
         type=float,
