@@ -352,6 +352,10 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         async with ClientSession(timeout=ClientTimeout(total=30)) as http:
             owners = await routing(http, urls)
             rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+            # One window first, not counted: the workers' first seconds drain what their
+            # consumers fetched while they joined, up to twice the steady rate, and that
+            # window would always be a "without" one.
+            await window(http, urls, owners, users, lookups=False, total=len(events))
             # A B B A A B B A ...: a drifting background load weighs on both alike.
             for n in range(args.runs * 2):
                 lookups = (n % 4) in (1, 2)
