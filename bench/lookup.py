@@ -8,7 +8,8 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    reading the topic from the start) are started together. Once both own partitions (routing
    agreed, no rebalance), the backlog drains in alternating windows (WINDOW_S, `--window`)
    without and with lookup load (A B B A A B B A ..., so a drifting background load weighs on
-   both alike); each
+   both alike), after one window that is not counted (the workers' first seconds drain their
+   prefetched records faster); each
    window's rate is the slope of the applied-input counters of both workers' /metrics. In
    "with" windows, single-user lookups are sent from this process, each through the worker
    that does NOT own the user (one forward): by default CLIENTS closed-loop clients (as many
@@ -355,7 +356,9 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
             # One window first, not counted: the workers' first seconds drain what their
             # consumers fetched while they joined, up to twice the steady rate, and that
             # window would always be a "without" one.
-            await window(http, urls, owners, users, lookups=False, total=len(events))
+            await window(
+                http, urls, owners, users, lookups=False, total=len(events), seconds=args.window
+            )
             # A B B A A B B A ...: a drifting background load weighs on both alike.
             for n in range(args.runs * 2):
                 lookups = (n % 4) in (1, 2)
