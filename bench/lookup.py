@@ -9,14 +9,14 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    agreed, no rebalance), the backlog drains in alternating windows (WINDOW_S, `--window`)
    without and with lookup load (A B B A A B B A ..., so a drifting background load weighs on
    both alike), after one window that is not counted (the workers' first seconds drain their
-   prefetched records faster); each
-   window's rate is the slope of the applied-input counters of both workers' /metrics. In
-   "with" windows, single-user lookups are sent from this process, each through the worker
-   that does NOT own the user (one forward): by default CLIENTS closed-loop clients (as many
-   lookups as the API answers: a faster API does more of them, so the ratio compares unequal
-   work across versions); with `--lookup-rate N`, N lookups a second on a fixed schedule
-   (open loop: each sent on time whether or not the previous ones were answered), the same
-   work in every run. The ratio is the pooled rate with lookups over the pooled rate without.
+   prefetched records faster); each window's rate is the slope of the applied-input counters
+   of both workers' /metrics. In "with" windows, single-user lookups are sent from this
+   process, each through the worker that does NOT own the user (one forward): by default
+   CLIENTS closed-loop clients (as many lookups as the API answers: a faster API does more of
+   them, so the ratio compares unequal work across versions); with `--lookup-rate N`, N
+   lookups a second on a fixed schedule (open loop: each sent on time whether or not the
+   previous ones were answered), the same work in every run. The ratio is the pooled rate
+   with lookups over the pooled rate without.
 2. Latency idle, then under processing load. Once the backlog is drained (every user's state
    in place), the lookups below are measured once without input; then bench/loadgen.py (its
    own process) offers live events at half the rate the two workers drained the backlog at
