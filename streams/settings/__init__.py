@@ -244,11 +244,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
-    Setting("api_nice", "ORACULAR_API_NICE", int, 0,
+    Setting("api_nice", "ORACULAR_API_NICE", int, -5,
             "the lookup API process's priority relative to its worker's, as `nice` counts "
-            "(negative: higher, so lookups are not queued behind the worker's batches for the "
-            "CPU). Raising it needs root or CAP_SYS_NICE (or RLIMIT_NICE); when refused, the "
-            "API runs at the worker's priority and one warning says so (docs/serving.md)"),
+            "(negative: higher, so a lookup does not wait for the CPU behind the worker's "
+            "batches; 0: the worker's). Raising it needs root, CAP_SYS_NICE or a RLIMIT_NICE "
+            "that allows it; refused, the API runs at the worker's priority and one warning "
+            "says so (docs/serving.md)"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
