@@ -22,7 +22,9 @@ at the median and 50 ms at the 99th percentile for one user. Here the API is a c
   frozen or stopped) makes every local partition settling, so a worker that lost its
   partitions while frozen never answers as their owner.
 - Memory: the child holds each user's encoded value once (about the size of the RocksDB
-  data, uncompressed) and the decoded states of users read since their last write.
+  data, uncompressed) and the decoded states of users read since their last write, each with
+  its view as of its last read (`serving.Settled`: a timed-out episode closed, so the next
+  read of the user does not close it again).
 - The worker restarts a child that died (its replica is rebuilt from the databases), and a
   child whose worker is gone (the channel closed) exits.
 """
