@@ -6,11 +6,16 @@ against a broker this bench starts on free ports (or --broker), on one machine.
 1. Throughput with and without lookup load. The synthetic clickstream (bench/synthetic.py) is
    produced to the input topic first; then two fresh workers (a new app id: a new group
    reading the topic from the start) are started together. Once both own partitions (routing
-   agreed, no rebalance), the backlog drains in alternating WINDOW_S windows without and with
-   lookup load (A B B A A B B A ..., so a drifting background load weighs on both alike); each
-   window's rate is the slope of the applied-input counters of both workers' /metrics. In
-   "with" windows, CLIENTS closed-loop clients in this process send single-user lookups, each
-   through the worker that does NOT own the user (one forward). The ratio is the pooled rate
+   agreed, no rebalance), the backlog drains in alternating windows (WINDOW_S, `--window`)
+   without and with lookup load (A B B A A B B A ..., so a drifting background load weighs on
+   both alike), after one window that is not counted (the workers' first seconds drain their
+   prefetched records faster); each window's rate is the slope of the applied-input counters
+   of both workers' /metrics. In "with" windows, single-user lookups are sent from this
+   process, each through the worker that does NOT own the user (one forward): by default
+   CLIENTS closed-loop clients (as many lookups as the API answers: a faster API does more of
+   them, so the ratio compares unequal work across versions); with `--lookup-rate N`, N
+   lookups a second on a fixed schedule (open loop: each sent on time whether or not the
+   previous ones were answered), the same work in every run. The ratio is the pooled rate
    with lookups over the pooled rate without.
 2. Latency idle, then under processing load. Once the backlog is drained (every user's state
    in place), the lookups below are measured once without input; then bench/loadgen.py (its
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -120,6 +126,48 @@ async def reads(http: ClientSession, urls: list[str]) -> dict[str, float]:
     return total
 
 
+async def lookup_schedule(
+    http: ClientSession,
+    urls: list[str],
+    owners: dict[int, str],
+    users: list[str],
+    stop: Any,
+    *,
+    rate: float,
+) -> tuple[int, list[float]]:
+    """Open loop: single lookups through the non-owning worker, `rate` a second on a fixed
+    schedule until `stop` (each its own task, so a slow answer delays none of the next);
+    (answered, latencies in s)."""
+    rng = random.Random()
+    latencies: list[float] = []
+    answered = 0
+
+    async def one(user: str) -> None:
+        nonlocal answered
+        via = other(owners[partition_for(user, PARTITIONS)], urls)
+        started = time.perf_counter()
+        async with http.get(f"{via}/v1/users/{user}") as response:
+            await response.read()
+            if response.status == 200:
+                answered += 1
+                latencies.append(time.perf_counter() - started)
+
+    tasks = []
+    t0 = time.monotonic()
+    sent = 0
+    while not stop.is_set():
+        due = t0 + sent / rate
+        wait = due - time.monotonic()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+            continue
+        tasks.append(asyncio.create_task(one(rng.choice(users))))
+        sent += 1
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return answered, latencies
+
+
 def other(url: str, urls: list[str]) -> str:
     return urls[1] if url == urls[0] else urls[0]
 
@@ -175,29 +223,47 @@ async def window(
     *,
     lookups: bool,
     total: int,
+    rate: float | None = None,
+    seconds: float = WINDOW_S,
 ) -> dict[str, Any]:
-    """One WINDOW_S window of draining, with or without the lookup clients."""
+    """One window of `seconds` draining, with or without lookups (closed-loop clients, or
+    `rate` lookups a second on a fixed schedule)."""
     stop = asyncio.Event()
-    clients = [
-        asyncio.create_task(lookup_load(http, urls, owners, users, stop))
-        for _ in range(CLIENTS if lookups else 0)
-    ]
+    clients: list[asyncio.Task[Any]] = []
+    if lookups and rate:
+        clients.append(
+            asyncio.create_task(lookup_schedule(http, urls, owners, users, stop, rate=rate))
+        )
+    elif lookups:
+        clients = [
+            asyncio.create_task(lookup_load(http, urls, owners, users, stop))
+            for _ in range(CLIENTS)
+        ]
     t0, a0 = time.monotonic(), await applied(http, urls)
     t1, a1 = t0, a0
-    while time.monotonic() - t0 < WINDOW_S and a1 < total:
+    while time.monotonic() - t0 < seconds and a1 < total:
         await asyncio.sleep(0.5)
         t1, a1 = time.monotonic(), await applied(http, urls)
     stop.set()
-    done = sum(await asyncio.gather(*clients))
-    row = {
+    latencies: list[float] = []
+    done = 0
+    for result in await asyncio.gather(*clients):
+        if isinstance(result, tuple):
+            done += result[0]
+            latencies += result[1]
+        else:
+            done += result
+    row: dict[str, Any] = {
         "lookups": lookups,
         "events": a1 - a0,
         "seconds": t1 - t0,
-        "rate": (a1 - a0) / (t1 - t0),
-        "lookups_per_s": done / (t1 - t0),
+        # A window that starts with the backlog already drained measured nothing.
+        "rate": (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0,
+        "lookups_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
         "drained": a1 >= total,
     }
     say(f"window {'with' if lookups else 'without'} lookups: {row}")
+    row["latencies"] = latencies
     return row
 
 
@@ -287,10 +353,25 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         async with ClientSession(timeout=ClientTimeout(total=30)) as http:
             owners = await routing(http, urls)
             rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+            # One window first, not counted: the workers' first seconds drain what their
+            # consumers fetched while they joined, up to twice the steady rate, and that
+            # window would always be a "without" one.
+            await window(
+                http, urls, owners, users, lookups=False, total=len(events), seconds=args.window
+            )
             # A B B A A B B A ...: a drifting background load weighs on both alike.
             for n in range(args.runs * 2):
                 lookups = (n % 4) in (1, 2)
-                row = await window(http, urls, owners, users, lookups=lookups, total=len(events))
+                row = await window(
+                    http,
+                    urls,
+                    owners,
+                    users,
+                    lookups=lookups,
+                    total=len(events),
+                    rate=args.lookup_rate,
+                    seconds=args.window,
+                )
                 if row["drained"]:
                     break
                 rows["with" if lookups else "without"].append(row)
@@ -382,6 +463,8 @@ def report(
         f"command: python -m bench.lookup --events {args.events} --users {args.users} "
         f"--runs {args.runs}"
         + (f" --live-rate {args.live_rate:g}" if args.live_rate else "")
+        + (f" --lookup-rate {args.lookup_rate:g}" if args.lookup_rate else "")
+        + (f" --window {args.window:g}" if args.window != WINDOW_S else "")
         + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
         + "\n"
     )
@@ -399,16 +482,28 @@ def report(
     read = ", ".join(f"{n:,.0f} from the {s}" for s, n in sorted(sources.items()))
     print(f"\nusers read by the owners during the latency phase: {read or 'not reported'}\n")
     print(
-        f"| processing (2 workers draining a backlog, alternating {WINDOW_S:.0f} s windows) "
+        f"| processing (2 workers draining a backlog, alternating {args.window:g} s windows) "
         "| events/s per window | pooled |"
     )
     print("|---|---|---:|")
     print(f"| without lookups | {runs_without} | {without:,.0f} |")
+    how = (
+        f"{args.lookup_rate:g} lookups/s on a fixed schedule (open loop)"
+        if args.lookup_rate
+        else f"{CLIENTS} closed-loop lookup clients"
+    )
     print(
-        f"| with {CLIENTS} closed-loop lookup clients ({lookup_rate:,.0f} lookups/s, each one "
+        f"| with {how} ({lookup_rate:,.0f} lookups/s answered, each one "
         f"forward) | {runs_with} | {with_:,.0f} |"
     )
     print(f"\nthroughput ratio with/without lookups: {with_ / without:.2f}")
+    latencies = [x for r in rows["with"] for x in r.get("latencies", [])]
+    if len(latencies) >= 100:
+        p50, p99, top = percentiles(latencies)
+        print(
+            f"lookups during the draining windows (1 forward, {len(latencies):,}): "
+            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {top:.1f} ms"
+        )
 
 
 def main() -> int:
@@ -419,6 +514,19 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=WINDOW_S,
+        help="seconds per throughput window (shorter windows alternate faster, so a "
+        "background load that drifts weighs on both kinds more alike)",
+    )
+    parser.add_argument(
+        "--lookup-rate",
+        type=float,
+        help="lookups/s in the throughput phase's windows with lookups, on a fixed schedule "
+        f"(default: {CLIENTS} closed-loop clients, as many as the API answers)",
+    )
     parser.add_argument(
         "--live-rate",
         type=float,

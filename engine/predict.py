@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from engine.config import IntentConfig
-from engine.episodes import clamp_time, close_timed_out, settle
+from engine.episodes import clamp_time, close_timed_out, settle, timeout_deadline
 from engine.errors import UnknownIntentError
 from engine.learning import counts_at, decay_factor, effective_weight
 from engine.state import EngineState, IntentState
@@ -88,6 +88,34 @@ class Explanation:
 def as_of(state: EngineState, at: int) -> EngineState:
     """The state as a read at `at` shows it (nothing is stored)."""
     return settle(close_timed_out(state, at).state, at)
+
+
+def as_of_span(state: EngineState, at: int) -> tuple[EngineState, int | None, int | None]:
+    """`as_of(state, at)` and the read times it holds for: (view, after, until) such that
+    `as_of(state, t)` is `view` for every `t` with `after < t <= until` (None: unbounded).
+
+    A read changes the state at fixed moments only: the open episode's timeout deadline (past
+    it, the episode is closed *at the deadline*, whatever `at` is) and each held episode's
+    attribution window end (past it, a miss dated *at the window's end*). Between two such
+    moments the view is the same; what depends on `at` itself (decay, cooldowns) is in
+    `predict_settled`, computed per read. So a reader that keeps a user's view answers later
+    reads from it until the next moment (the lookup API: closing a timed-out episode was most
+    of a lookup's engine time). Reads are `clamp_time`d first, as `predict_many` does.
+    """
+    moments: list[int] = []
+    deadline = timeout_deadline(state)
+    closed = close_timed_out(state, at).state  # `state` itself when at <= deadline
+    if deadline is not None:
+        moments.append(deadline)
+    intents = state.config.intents
+    for name, intent in closed.intents.items():
+        config = intents.get(name)
+        if intent.pending and config is not None and config.attribution_ms is not None:
+            moments.extend(held.closed_at + config.attribution_ms for held in intent.pending)
+    view = settle(closed, at)
+    passed = [m for m in moments if at > m]
+    ahead = [m for m in moments if at <= m]
+    return view, max(passed, default=None), min(ahead, default=None)
 
 
 def predict(state: EngineState, intent: str, at: int) -> Prediction:

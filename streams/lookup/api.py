@@ -70,6 +70,7 @@ from streams.lookup.serving import (
     PartitionView,
     PeerAnswerError,
     Route,
+    Settled,
     UserRead,
     answer,
     batch_body,
@@ -144,6 +145,10 @@ class UserCache(Protocol):
     def peek(self, key: bytes) -> StoredUser | None: ...
 
     def keep(self, key: bytes, stored: StoredUser) -> None: ...
+
+    def settled(self, key: bytes) -> Settled:
+        """The kept view of the user held under `key` (dropped with it)."""
+        ...
 
 
 @dataclass
@@ -499,7 +504,7 @@ class _Handlers:
             stored = cache.peek(key)
             if stored is not None and stored.partition == partition:
                 self.api.reads["cache"] += 1
-                return read_stored(stored)
+                return read_stored(stored, cache.settled(key))
         raw = self.node.get(partition, key)
         self.api.reads["table"] += 1
         if raw is None:
@@ -511,6 +516,7 @@ class _Handlers:
             raise ApiError(500, msg, partition=partition) from exc
         if cache is not None and decision.role == "active" and not settling:
             cache.keep(key, stored)
+            return read_stored(stored, cache.settled(key))
         return read_stored(stored)
 
     async def _forward_single(
@@ -614,8 +620,8 @@ class _Handlers:
             forwarded = FORWARDED_HEADER in request.headers
             results: list[dict[str, Any] | None] = [None] * len(batch.items)
             remote: dict[str, list[int]] = {}
+            local: list[tuple[int, int, Route, bool]] = []
             views: dict[int, PartitionView] = {}
-            resumed = time.perf_counter()
             for n, item in enumerate(batch.items):
                 partition = partition_for(item.user, self.node.partitions)
                 if partition not in views:
@@ -629,33 +635,21 @@ class _Handlers:
                 elif decision.action == "unavailable":
                     results[n] = _unavailable(item, partition, decision.reason)
                 else:
-                    try:
-                        body = self._local(
-                            item.user,
-                            partition,
-                            decision,
-                            settling=views[partition].settling,
-                            intents=item.intents,
-                            at=at,
-                            with_explain=batch.explain,
-                        )
-                    except ApiError as exc:  # this user only: the others are answered
-                        status = "unavailable" if exc.status == 503 else "error"
-                        results[n] = {
-                            **_unavailable(item, partition, exc.message),
-                            "status": status,
-                        }
-                        continue
-                    results[n] = {"status": "found" if body["known"] else "unknown", **body}
-                    if time.perf_counter() - resumed >= YIELD_AFTER_S:
-                        await _yield()  # never hold the loop for a whole batch
-                        resumed = time.perf_counter()
-            forwards = await asyncio.gather(
+                    local.append((n, partition, decision, views[partition].settling))
+            # The forwards go out first, so the owners answer their users while this worker
+            # answers its own (a mixed batch then takes the longer of the two, not the sum).
+            forwarding = asyncio.gather(
                 *(
                     self._forward_batch(request, url, batch, indexes, at=at, results=results)
                     for url, indexes in remote.items()
                 )
             )
+            try:
+                await self._answer_local(batch, local, at, results, remote_too=bool(remote))
+            except BaseException:
+                forwarding.cancel()  # a failed batch's forwards are not waited for
+                raise
+            forwards = await forwarding
             whole = next((answer for answer in forwards if answer is not None), None)
             if whole is not None:  # every user on one other worker: its answer, as it is
                 statuses.update(whole[0])
@@ -673,6 +667,40 @@ class _Handlers:
             for status, count in statuses.items():
                 metrics.lookups[(("endpoint", "batch"), ("status", status))] += count
             metrics.lookup_seconds.observe(elapsed, (("endpoint", "batch"),))
+
+    async def _answer_local(
+        self,
+        batch: Any,
+        local: list[tuple[int, int, Route, bool]],
+        at: int,
+        results: list[dict[str, Any] | None],
+        *,
+        remote_too: bool,
+    ) -> None:
+        """The batch's users answered here, into their slots of `results`."""
+        if remote_too and local:
+            await _yield()  # the forwards' requests are written before the local users
+        resumed = time.perf_counter()
+        for n, partition, decision, settling in local:
+            item = batch.items[n]
+            try:
+                body = self._local(
+                    item.user,
+                    partition,
+                    decision,
+                    settling=settling,
+                    intents=item.intents,
+                    at=at,
+                    with_explain=batch.explain,
+                )
+            except ApiError as exc:  # this user only: the others are answered
+                status = "unavailable" if exc.status == 503 else "error"
+                results[n] = {**_unavailable(item, partition, exc.message), "status": status}
+                continue
+            results[n] = {"status": "found" if body["known"] else "unknown", **body}
+            if time.perf_counter() - resumed >= YIELD_AFTER_S:
+                await _yield()  # never hold the loop for a whole batch
+                resumed = time.perf_counter()
 
     async def _forward_batch(
         self,
@@ -1144,6 +1172,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         limits=Limits.from_settings(settings),
         tls=tls_paths(settings),
         log_level=logging.getLogger("oracular").getEffectiveLevel(),
+        nice=settings.api_nice,
     )
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)

@@ -22,7 +22,9 @@ its idle latency (BENCHMARKS.md has the A/B). Here the API is a child process
   frozen or stopped) makes every local partition settling, so a worker that lost its
   partitions while frozen never answers as their owner.
 - Memory: the child holds each user's encoded value once (about the size of the RocksDB
-  data, uncompressed) and the decoded states of users read since their last write.
+  data, uncompressed) and the decoded states of users read since their last write, each with
+  its view as of its last read (`serving.Settled`: a timed-out episode closed, so the next
+  read of the user does not close it again).
 - The worker restarts a child that died (its replica is rebuilt from the databases), and a
   child whose worker is gone (the channel closed) exits.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import socket
 import subprocess
@@ -47,7 +50,7 @@ from engine import EngineConfig
 from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
-from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView
+from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, Settled
 from streams.settings.peers import Peers
 
 log = logging.getLogger("oracular.api")
@@ -104,6 +107,9 @@ class ChildArgs:
     tls: tuple[str | None, str | None, str | None]
     """(certificate, key, CA file) paths: SSL contexts are rebuilt in the child."""
     log_level: int
+    nice: int = 0
+    """The API process's priority relative to the worker's (ORACULAR_API_NICE), set by the
+    worker when it starts the process."""
 
 
 # --- the API process's side -----------------------------------------------------------------
@@ -138,14 +144,17 @@ class Replica:
         self.synced: set[int] = set()
         self.decoded: dict[bytes, StoredUser] = {}
         """Users decoded since their last write (`ReplicaCache`)."""
+        self.settled: dict[bytes, Settled] = {}
+        """The decoded users' views as of their last read (`Settled`): dropped with them."""
 
     def apply(self, message: list[Any]) -> None:
         kind = message[0]
         if kind == STATES:
             values = self.values.setdefault(message[1], {})
-            decoded = self.decoded
+            decoded, settled = self.decoded, self.settled
             for key, value in message[2]:
                 decoded.pop(key, None)
+                settled.pop(key, None)
                 if value is None:
                     values.pop(key, None)
                 else:
@@ -154,6 +163,7 @@ class Replica:
             self.synced.discard(message[1])
             for key in self.values.pop(message[1], {}):
                 self.decoded.pop(key, None)
+                self.settled.pop(key, None)
             if kind == BEGIN:
                 self.values[message[1]] = {}
         elif kind == SYNCED:
@@ -171,9 +181,18 @@ class ReplicaCache:
         return self.replica.decoded.get(key)
 
     def keep(self, key: bytes, stored: StoredUser) -> None:
-        if len(self.replica.decoded) >= MAX_DECODED:
-            self.replica.decoded.clear()  # rare: more users read than kept; start again
-        self.replica.decoded[key] = stored
+        replica = self.replica
+        if len(replica.decoded) >= MAX_DECODED:
+            replica.decoded.clear()  # rare: more users read than kept; start again
+            replica.settled.clear()
+        replica.decoded[key] = stored
+        replica.settled.pop(key, None)  # a view of another state of the user is not this one's
+
+    def settled(self, key: bytes) -> Settled:
+        settled = self.replica.settled.get(key)
+        if settled is None:
+            settled = self.replica.settled[key] = Settled()
+        return settled
 
 
 class ReplicaNode:
@@ -358,6 +377,7 @@ class Feed:
         self.restarts = 0
         self.task: asyncio.Task[None] | None = None
         self.appends: set[asyncio.Task[None]] = set()
+        self.priority_refused = False
 
     def written(self, partition: int, items: list[tuple[bytes, bytes | None]]) -> None:
         channel = self.channel
@@ -381,10 +401,37 @@ class Feed:
             [sys.executable, "-m", "streams.lookup.process", *map(str, fds)], pass_fds=fds
         )
         theirs.close()
+        self._prioritise(self.process.pid)
         self.channel = await Channel.open(mine)
         self.copies = {}
         self.ready.clear()
         self.channel.send([HELLO, pickle.dumps(self.args)])
+
+    def _prioritise(self, pid: int) -> None:
+        """Give the API process its priority (ORACULAR_API_NICE, relative to this worker's).
+
+        On two cores shared by the worker, the broker and producers, a lookup that is ready
+        to run otherwise waits its turn behind the worker's batches (BENCHMARKS.md). Set from
+        here, before the process starts threads (they inherit it), and again for a restarted
+        process; refused (not root, no CAP_SYS_NICE): a warning, once per worker."""
+        nice = self.args.nice
+        if nice == 0:
+            return
+        target = max(-20, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, target)
+        except OSError as exc:  # EPERM (ProcessLookupError: it already died; _run restarts it)
+            if isinstance(exc, PermissionError) and not self.priority_refused:
+                self.priority_refused = True
+                log.warning(
+                    "the lookup API process runs at the worker's priority: setting its nice "
+                    "value to %d (ORACULAR_API_NICE=%d) was refused (%s); it needs root, "
+                    "CAP_SYS_NICE or a RLIMIT_NICE that allows it. Set ORACULAR_API_NICE=0 "
+                    "to silence this",
+                    target,
+                    nice,
+                    exc.strerror,
+                )
 
     async def _run(self) -> None:
         """Read the child's messages; send the status and full copies; restart a dead child."""

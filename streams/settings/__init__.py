@@ -244,6 +244,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
+    Setting("api_nice", "ORACULAR_API_NICE", int, -5,
+            "the lookup API process's priority relative to its worker's, as `nice` counts "
+            "(negative: higher, so a lookup does not wait for the CPU behind the worker's "
+            "batches; 0: the worker's). Raising it needs root, CAP_SYS_NICE or a RLIMIT_NICE "
+            "that allows it; refused, the API runs at the worker's priority and one warning "
+            "says so (docs/serving.md)"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -324,6 +330,7 @@ class Settings:
     api_max_requests_per_connection: int = default("api_max_requests_per_connection")
     api_max_connections: int | None = default("api_max_connections")
     api_max_body_bytes: int = default("api_max_body_bytes")
+    api_nice: int = default("api_nice")
     ready_max_lag: int = default("ready_max_lag")
 
     @property
@@ -580,6 +587,10 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
             problems.append(f"{label('api_peers')}: {exc}")
     if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
         problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
+    if not -20 <= settings.api_nice <= 19:
+        problems.append(
+            f"{label('api_nice')}: must be -20 to 19, as nice (got {settings.api_nice})"
+        )
     if not settings.api_host.strip():
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):

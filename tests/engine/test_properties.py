@@ -32,6 +32,7 @@ from engine import (
     should_reveal,
 )
 from engine.packing import pack
+from engine.predict import as_of, as_of_span, predict_settled
 from engine.serialize import state_to_record
 from tests.engine.strategies import (
     DAY,
@@ -126,6 +127,28 @@ def test_predict_many_is_predict_for_each_intent_asked(case, data):
         asked = data.draw(st.lists(st.sampled_from(declared), unique=True))
         assert predict_many(state, at, asked) == {n: predict(state, n, at) for n in asked}
         assert list(predict_many(state, at, asked)) == asked
+
+
+@given(case=cases(), data=st.data())
+def test_a_view_from_as_of_span_is_the_read_at_every_time_of_its_span(case, data):
+    """`as_of_span` (the lookup API keeps a user's view between reads): the view is `as_of`
+    at every read time of its span, its ends included, and predicts from it are
+    `predict_many`'s bit for bit; the span is never empty and holds the time it was made at."""
+    states = run(create_state(case.engine_config()), case.steps)
+    for step, state in zip(case.steps, states, strict=True):
+        at = _read_time(state, step_time(step)) + data.draw(st.integers(0, 10 * 86_400_000))
+        view, after, until = as_of_span(state, at)
+        assert after is None or after < at
+        assert until is None or at <= until
+        earliest = _read_time(state, step_time(step))
+        low = earliest if after is None else max(earliest, after + 1)
+        high = at + 10 * 86_400_000 if until is None else until
+        times = {at, low, high, data.draw(st.integers(low, high))}
+        for t in sorted(times):
+            assert state_to_record(as_of(state, t)) == state_to_record(view), (t, after, until)
+            assert predict_settled(view, t, list(view.config.intents)) == predict_many(state, t)
+        if until is not None:  # the span ends where the read changes
+            assert state_to_record(as_of(state, until + 1)) != state_to_record(view)
 
 
 # --- determinism ---------------------------------------------------------------------------------

@@ -10,13 +10,17 @@ process restarted with its replica rebuilt. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import msgpack
@@ -24,7 +28,9 @@ import pytest
 import rocksdict
 from aiohttp import ClientSession, ClientTimeout
 
-from engine import create_state, observe
+from engine import create_state, observe, predict_many
+from engine.episodes import clamp_time
+from engine.predict import predict_settled
 from schemas.config import load_config
 from schemas.stored import StoredUser, encode_stored
 from streams.lookup.api import bind
@@ -114,6 +120,35 @@ def test_a_write_drops_the_decoded_state(config: Any) -> None:
     cache.keep(b"u", user)
     replica.apply([BEGIN, 1])  # a new full copy of its partition
     assert cache.peek(b"u") is None
+
+
+def test_a_kept_view_is_dropped_with_its_decoded_state_and_answers_as_predict(
+    config: Any,
+) -> None:
+    """The view a lookup keeps with a decoded user (`Settled`) answers later lookups exactly
+    as `predict_many` on the state, and is gone once the user is written or kept again."""
+    replica = Replica()
+    cache = ReplicaCache(replica)
+    replica.apply([BEGIN, 1])
+    replica.apply([SYNCED, 1])
+    state = observe(create_state(config), "pricing.viewed", T0)
+    user = StoredUser(state, 1, 5)
+    cache.keep(b"u", user)
+    settled = cache.settled(b"u")
+    assert cache.settled(b"u") is settled
+    timeout = config.episode_timeout_ms
+    for read in (T0, T0 + 1, T0 + timeout, T0 + timeout + 1, T0 + 3 * timeout, T0 + timeout + 2):
+        at = clamp_time(state, read)
+        assert predict_settled(settled.as_of(state, at), at, list(config.intents)) == (
+            predict_many(state, at)
+        ), at
+    replica.apply([STATES, 1, [[b"u", b"newer"]]])
+    assert b"u" not in replica.settled
+    cache.keep(b"u", user)
+    assert cache.settled(b"u") is not settled
+    other = cache.settled(b"u")
+    cache.keep(b"u", StoredUser(observe(state, "limit.hit", T0 + 5), 1, 6))  # another state
+    assert cache.settled(b"u") is not other
 
 
 def test_a_stale_status_makes_every_local_partition_settling(config: Any) -> None:
@@ -333,3 +368,48 @@ def test_the_api_process_refuses_to_be_started_by_hand() -> None:
 
     assert main([]) == 2
     assert socket  # the module's sockets come from the worker only
+
+
+# --- the API process's priority (ORACULAR_API_NICE) -----------------------------------------
+
+
+def feed_with(config: Any, nice: int) -> Feed:
+    """A `Feed` that is never started: only its priority rule is used."""
+    return Feed(dataclasses.replace(args(config), nice=nice), None, None, Metrics())  # type: ignore[arg-type]
+
+
+def test_the_api_process_gets_its_priority_relative_to_the_worker(config: Any) -> None:
+    """Set on the started process, relative to the worker's own nice value; where raising a
+    priority is not permitted, the process keeps the worker's and the test checks that."""
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE
+    ) as child:
+        try:
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            feed = feed_with(config, -5)
+            feed._prioritise(child.pid)
+            expected = mine if feed.priority_refused else max(-20, mine - 5)
+            assert os.getpriority(os.PRIO_PROCESS, child.pid) == expected
+            feed_with(config, 3)._prioritise(child.pid)  # lowering is always permitted
+            assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(19, mine + 3)
+        finally:
+            child.kill()
+
+
+def test_a_refused_priority_is_warned_once_and_the_process_still_starts(
+    config: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*_: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    feed = feed_with(config, -5)
+    with caplog.at_level("WARNING", logger="oracular.api"):
+        feed._prioritise(os.getpid())
+        feed._prioritise(os.getpid())  # a restarted API process: no second warning
+    warnings = [r for r in caplog.records if "ORACULAR_API_NICE" in r.getMessage()]
+    assert len(warnings) == 1 and feed.priority_refused
+    assert "not permitted" in warnings[0].getMessage()
+    unset = feed_with(config, 0)  # 0: nothing to set, nothing refused
+    unset._prioritise(os.getpid())
+    assert not unset.priority_refused
