@@ -171,24 +171,36 @@ class RatioRow:
     rate: float
     to_passthrough: float | None
     to_quix: float | None
+    per_cpu: float | None = None
+    """Events per CPU-second of its process(es), when its CPU was measured."""
+    per_cpu_to_passthrough: float | None = None
 
 
-def ratio_rows(rates: Sequence[tuple[str, float | None]]) -> list[RatioRow]:
+def ratio_rows(
+    rates: Sequence[tuple[str, float | None] | tuple[str, float | None, float | None]],
+) -> list[RatioRow]:
     """Each measured rate as a ratio to the passthrough's and Quix Streams' in the same run.
 
-    `rates` are (label, median events/s or None when not measured); the baselines are found by
-    their labels, "passthrough" and "Quix Streams". Unmeasured rows are left out; a ratio is
-    None when its baseline was not measured.
+    `rates` are (label, median events/s or None when not measured[, events per CPU-second or
+    None]); the baselines are found by their labels, "passthrough" and "Quix Streams".
+    Unmeasured rows are left out; a ratio is None when its baseline was not measured.
     """
-    found = {label: rate for label, rate in rates if rate}
+    found = {row[0]: row for row in rates if row[1]}
     base, quix = found.get("passthrough"), found.get("Quix Streams")
-    return [
-        RatioRow(
-            label,
-            rate,
-            rate / base if base else None,
-            rate / quix if quix else None,
+    base_cpu = base[2] if base is not None and len(base) > 2 else None
+    out = []
+    for row in found.values():
+        label, rate = row[0], row[1]
+        assert rate is not None
+        per_cpu = row[2] if len(row) > 2 else None
+        out.append(
+            RatioRow(
+                label,
+                rate,
+                rate / base[1] if base is not None and base[1] else None,
+                rate / quix[1] if quix is not None and quix[1] else None,
+                per_cpu,
+                per_cpu / base_cpu if per_cpu and base_cpu else None,
+            )
         )
-        for label, rate in rates
-        if rate
-    ]
+    return out

@@ -110,22 +110,45 @@ def peer_rows(r: Results) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def drain_rates(r: Results) -> list[tuple[str, float | None]]:
-    """(label, median events/s) of everything that drained the throughput phase's input."""
-    rates: list[tuple[str, float | None]] = [
-        ("passthrough", _median(r.passthrough, "rate") if r.passthrough else None),
-        ("oracular worker", _median(r.pipeline, "rate") if r.pipeline else None),
+def _cpu_rate(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median over `runs` of events per CPU-second (None when no run has its CPU)."""
+    values = [
+        row["rate"] / row["cpu"]
+        for row in runs
+        if row.get("rate") and row.get("cpu") and not math.isnan(row["cpu"])
+    ]
+    return statistics.median(values) if values else None
+
+
+def drain_rates(r: Results) -> list[tuple[str, float | None, float | None]]:
+    """(label, median events/s, median events per CPU-second) of everything that drained the
+    throughput phase's input."""
+    rates: list[tuple[str, float | None, float | None]] = [
+        (
+            "passthrough",
+            _median(r.passthrough, "rate") if r.passthrough else None,
+            _cpu_rate(r.passthrough),
+        ),
+        (
+            "oracular worker",
+            _median(r.pipeline, "rate") if r.pipeline else None,
+            _cpu_rate(r.pipeline),
+        ),
     ]
     if r.scaled:
         rates.append(
-            (f"oracular worker --processes {r.params.processes}", _median(r.scaled, "rate"))
+            (
+                f"oracular worker --processes {r.params.processes}",
+                _median(r.scaled, "rate"),
+                _cpu_rate(r.scaled),
+            )
         )
     if r.backfill:
-        rates.append(("oracular backfill", _median(r.backfill, "rate")))
+        rates.append(("oracular backfill", _median(r.backfill, "rate"), _cpu_rate(r.backfill)))
     for peer in r.params.peers:
         ok = _peer_ok(r, peer)
         label = PEERS[peer][1] if peer in PEERS else peer
-        rates.append((label, _median(ok, "rate") if ok else None))
+        rates.append((label, _median(ok, "rate") if ok else None, _cpu_rate(ok)))
     return rates
 
 
@@ -135,14 +158,17 @@ def ratio_table(r: Results) -> list[str]:
     if not found:
         return []
 
-    def show(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.2f}"
+    def show(value: float | None, fmt: str = "{:.2f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
 
     return [
-        "| drains the input (median of the runs) | events/s | ÷ passthrough | ÷ Quix Streams |",
-        "|---|---:|---:|---:|",
+        "| drains the input (median of the runs) | events/s | ÷ passthrough | ÷ Quix Streams "
+        "| events per CPU-second | ÷ passthrough's |",
+        "|---|---:|---:|---:|---:|---:|",
         *(
-            f"| {row.label} | {row.rate:,.0f} | {show(row.to_passthrough)} | {show(row.to_quix)} |"
+            f"| {row.label} | {row.rate:,.0f} | {show(row.to_passthrough)} | "
+            f"{show(row.to_quix)} | {show(row.per_cpu, '{:,.0f}')} | "
+            f"{show(row.per_cpu_to_passthrough)} |"
             for row in found
         ),
     ]

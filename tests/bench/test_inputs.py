@@ -151,3 +151,37 @@ def test_each_stream_has_its_own_section_markers():
     realistic = markers("realistic")
     assert realistic != (BEGIN, END)
     assert all("realistic" in marker for marker in realistic)
+
+
+def test_ratio_rows_per_cpu_second():
+    rows = ratio_rows(
+        [
+            ("passthrough", 40_000.0, 80_000.0),
+            ("oracular worker", 10_000.0, 16_000.0),
+            ("Quix Streams", 20_000.0, None),
+        ]
+    )
+    assert [(r.per_cpu, r.per_cpu_to_passthrough) for r in rows] == [
+        (80_000.0, 1.0),
+        (16_000.0, 0.2),
+        (None, None),
+    ]
+
+
+def test_the_report_ratio_table_from_results():
+    from bench import report
+    from bench.results import Results
+    from bench.session import Params
+
+    r = Results(Params(runs=1, peers=("faust", "quix")), stream="realistic")
+    r.passthrough = [{"rate": 400.0, "cpu": 0.25}]
+    r.pipeline = [{"rate": 100.0, "cpu": 0.5}]
+    r.backfill = [{"rate": 90.0, "cpu": float("nan")}]
+    r.peers = {"faust": [{"error": "failed"}], "quix": [{"rate": 200.0, "cpu": 0.5}]}
+    table = report.ratio_table(r)
+    assert table[2:] == [
+        "| passthrough | 400 | 1.00 | 2.00 | 1,600 | 1.00 |",
+        "| oracular worker | 100 | 0.25 | 0.50 | 200 | 0.12 |",
+        "| oracular backfill | 90 | 0.23 | 0.45 | n/a | n/a |",
+        "| Quix Streams | 200 | 0.50 | 1.00 | 400 | 0.25 |",
+    ]
