@@ -143,8 +143,9 @@ def drain_rates(r: Results) -> list[tuple[str, float | None, float | None]]:
                 _cpu_rate(r.scaled),
             )
         )
-    if r.backfill:
-        rates.append(("oracular backfill", _median(r.backfill, "rate"), _cpu_rate(r.backfill)))
+    done = [row for row in r.backfill if "rate" in row]
+    if done:
+        rates.append(("oracular backfill", _median(done, "rate"), _cpu_rate(done)))
     for peer in r.params.peers:
         ok = _peer_ok(r, peer)
         label = PEERS[peer][1] if peer in PEERS else peer
@@ -200,7 +201,7 @@ def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
             )
         )
         out += scale_out_rows(r) + peer_rows(r)
-        if r.backfill:
+        if any("rate" in row for row in r.backfill):
             rate = _median(r.backfill, "rate")
             out.append(
                 (

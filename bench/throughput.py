@@ -111,11 +111,16 @@ async def measure(bench: Session) -> None:
                 f"{row['ready_spread']:.1f} s after the first)"
             )
         if p.backfill:
-            r.backfill.append(await backfill_run(bench, source, count, r.expected))
-            row = r.backfill[-1]
+            try:
+                row = await backfill_run(bench, source, count, r.expected)
+            except RuntimeError as exc:  # it exited before the expected outputs: say so, go on
+                say(str(exc))
+                row = failed_backfill(str(exc))
+            r.backfill.append(row)
             say(
-                f"oracular backfill {run + 1}/{p.runs}: {row['rate']:,.0f} events/s "
-                f"({row['ended_by']}; its own report {row['own_rate']}; CPU {row['cpu']:.0%} "
+                f"oracular backfill {run + 1}/{p.runs}: "
+                + (f"{row['rate']:,.0f} events/s " if "rate" in row else "")
+                + f"({row['ended_by']}; its own report {row['own_rate']}; CPU {row['cpu']:.0%} "
                 "of a core)"
             )
         for peer in list(peers):
@@ -259,6 +264,23 @@ async def backfill_run(
         "cpu": (cpu1 - cpu0.result()) / span if finished(cpu0) else float("nan"),
     }
 
+
+def failed_backfill(error: str) -> dict[str, Any]:
+    """The row of a backfill run that exited before its outputs reached the expected counts
+    (no rate; its own summary line, with its counts, in `ended_by`)."""
+    summary = BACKFILL_SUMMARY.search(error)
+    return {
+        "ended_by": "FAILED: exited before the expected outputs"
+        + (f" (its summary: {summary.group(1)})" if summary else ""),
+        "own_rate": "n/a",
+        "exit": "?",
+        "cpu": float("nan"),
+        "error": error.splitlines()[0],
+    }
+
+
+BACKFILL_SUMMARY = re.compile(r"complete: (applied=\S+ .*?) in [\d.]+ s", re.MULTILINE)
+"""The counts in a backfill's summary line."""
 
 BACKFILL_OWN = re.compile(r"^backfill \S+ complete: .* \(([\d,]+) messages/s\)$", re.MULTILINE)
 """The backfill's own summary line (its rate includes Faust's start and stop)."""

@@ -185,3 +185,29 @@ def test_the_report_ratio_table_from_results():
         "| oracular backfill | 90 | 0.23 | 0.45 | n/a | n/a |",
         "| Quix Streams | 200 | 0.50 | 1.00 | 400 | 0.25 |",
     ]
+
+
+def test_a_failed_backfill_run_is_reported_not_fatal():
+    from bench import report
+    from bench.results import Results
+    from bench.session import Params
+    from bench.throughput import failed_backfill
+
+    error = (
+        "b-15-backfill exited (0) before its outputs were complete; log x:\n"
+        "backfill b complete: applied=10, predictions=5, episodes=2 in 1.0 s (10 messages/s)"
+    )
+    row = failed_backfill(error)
+    assert "applied=10, predictions=5, episodes=2" in row["ended_by"]
+    assert "rate" not in row
+    r = Results(Params(runs=2, peers=()), stream="realistic")
+    r.passthrough = [{"rate": 400.0, "cpu": 0.25}]
+    r.pipeline = [{"rate": 100.0, "cpu": 0.5}]
+    r.backfill = [row]
+    assert [line.split(" | ")[0] for line in report.ratio_table(r)[2:]] == [
+        "| passthrough",
+        "| oracular worker",
+    ]
+    assert "FAILED" in report.backfill_text(r)[0]
+    r.backfill.append({"rate": 90.0, "cpu": 0.5, "own_rate": "x", "ended_by": "e", "exit": 0})
+    assert report.ratio_table(r)[-1].startswith("| oracular backfill | 90 |")
