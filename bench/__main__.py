@@ -8,7 +8,9 @@ Three parts, each recorded in its own section between its own markers:
 3. end to end (bench/e2e.py): the real worker against a local broker the bench starts and
    stops itself: throughput against a raw aiokafka passthrough, with two worker processes
    (`--processes`) and against peers (an idiomatic Faust agent and Quix Streams, bench/peers,
-   `--peers`), latency at half that load, restore from the changelog, state size and memory.
+   `--peers`) and `oracular backfill`, latency at half that load, restore from the changelog,
+   state size and memory; on the synthetic and the realistic stream (`--stream`), each
+   stream's figures also as ratios to the passthrough and to Quix Streams of the same run.
    `--e2e-only`.
 
 Every figure is the median of several runs; each also gets a baseline measured in the same
@@ -31,6 +33,7 @@ from typing import Any
 
 import msgpack
 
+from bench.inputs import STREAMS, selected
 from bench.report import BENCHMARKS, record
 from bench.synthetic import clickstream, sessions_for
 from bench.workers import add_worker_env_option
@@ -211,17 +214,26 @@ def _e2e(args: argparse.Namespace, command: str) -> None:
         keep=args.keep,
         worker_env=dict(args.worker_env),
         worker_root=(args.worker_root or ROOT).resolve(),
+        streams=args.stream,
+        backfill=not args.no_backfill,
     )
     quiet = _wait_quiet(args.wait_quiet)
     print(f"[bench] {quiet}", file=sys.stderr)
-    results = e2e.run(params)
-    results.notes.insert(0, quiet)
-    section = report.section(results, command)
-    report.print_table(results)
-    print(section)
-    if not args.no_record:
-        record(section, report.BEGIN, report.END)
-        print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+    began = time.monotonic()
+    every = e2e.run(params)
+    took = time.monotonic() - began
+    for results in every:
+        results.notes.insert(0, quiet)
+        results.notes.append(
+            f"The whole end-to-end part ({', '.join(params.streams)}) took {took / 60:.1f} min."
+        )
+        section = report.section(results, command)
+        print(f"== {results.stream} stream")
+        report.print_table(results)
+        print(section)
+        if not args.no_record:
+            record(section, *report.markers(results.stream))
+            print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
 
 
 def _offline(args: argparse.Namespace, command: str) -> None:
@@ -234,6 +246,13 @@ def _offline(args: argparse.Namespace, command: str) -> None:
     if not args.no_record:
         record(section, offline.BEGIN, offline.END)
         print(f"recorded in {BENCHMARKS.relative_to(ROOT)}", file=sys.stderr)
+
+
+def _streams(text: str) -> tuple[str, ...]:
+    try:
+        return selected(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def main() -> int:
@@ -259,6 +278,19 @@ def main() -> int:
     )
     part.add_argument("--e2e-only", action="store_true", help="only the end-to-end benchmarks")
     e2e = parser.add_argument_group("end to end")
+    e2e.add_argument(
+        "--stream",
+        type=_streams,
+        default=STREAMS,
+        metavar="NAME",
+        help="the input streams of the throughput and latency phases (bench/inputs.py): "
+        "synthetic, realistic, or both (default; recovery runs once, on the first)",
+    )
+    e2e.add_argument(
+        "--no-backfill",
+        action="store_true",
+        help="leave `oracular backfill` out of the throughput phase",
+    )
     e2e.add_argument(
         "--e2e-events", type=int, default=100_000, help="preloaded input events (throughput)"
     )

@@ -6,8 +6,14 @@ do) and stopped and wiped at the end; every worker is `python -m streams.cli wor
 examples/oracular.yaml` in a subprocess with its own ORACULAR_APP_ID, ORACULAR_TOPIC_PREFIX
 and ORACULAR_DATADIR (8 partitions, at-least-once, RocksDB, every other setting default).
 
-1. Throughput. The synthetic clickstream (bench/synthetic.py) is produced once, as msgpack
-   keyed by user, to one input topic before any worker starts. Each pipeline run is a fresh
+Every stream `--stream` selects (bench/inputs.py: `synthetic`, msgpack events of
+bench/synthetic.py on examples/oracular.yaml; `realistic`, the Segment JSON stream of
+bench/realistic.py on bench/realistic.yaml; default both) goes through phases 1 and 2 on the
+one broker, each with the workers on its own config; phase 3 runs once, in the first stream's
+session. Each stream's figures are recorded in a section of their own.
+
+1. Throughput. The stream is produced once, keyed by user, to one input topic before any
+   worker starts. Each pipeline run is a fresh
    worker (new app id: a new consumer group, so it reads the topic from the start) draining
    it; each passthrough run (bench/passthrough.py: aiokafka consume, msgpack decode + encode,
    aiokafka produce) forwards the same topic to a scratch topic. Runs alternate passthrough,
@@ -23,7 +29,9 @@ and ORACULAR_DATADIR (8 partitions, at-least-once, RocksDB, every other setting 
    2` (scale-out: one app id, two processes sharing the partitions; same app-id scheme, a new
    app id per run) and with the peers (bench/peers: an idiomatic Faust agent and Quix Streams,
    each a per-user counter with RocksDB state and a changelog, one output per event, timed the
-   same way as the passthrough). A process's CPU is sampled from its first output to the last
+   same way as the passthrough), and with `oracular backfill` (a fresh app id per run: it
+   captures the topic's range, drains it and exits; timed on its outputs as the worker is).
+   A process's CPU is sampled from its first output to the last
    (all its processes: the `--processes` parent and its children).
 2. Latency. A fresh worker on an empty input topic; bench/loadgen.py offers events stamped
    with the current time at half the measured pipeline rate for a bounded time. Latency is the
@@ -57,7 +65,7 @@ from pathlib import Path
 from bench import latency, recovery, throughput
 from bench.results import Results
 from bench.session import Params, Session, say
-from infra.broker import PRODUCTION_GROUP_SETTINGS, start_broker
+from infra.broker import PRODUCTION_GROUP_SETTINGS, Broker, start_broker
 
 PHASES = (
     ("throughput", throughput.measure),
@@ -67,13 +75,13 @@ PHASES = (
 """The phases in the order they run; each fills in the session's results."""
 
 
-async def run_phases(bench: Session) -> Results:
-    """Run the selected phases, sampling the machine's load meanwhile."""
+async def run_phases(bench: Session, phases: tuple[str, ...]) -> Results:
+    """Run `phases` (those selected), sampling the machine's load meanwhile."""
     results = bench.results
     monitor = asyncio.create_task(results.monitor())
     try:
         for phase, measure in PHASES:
-            if phase in bench.params.phases:
+            if phase in bench.params.phases and phase in phases:
                 began = time.monotonic()
                 await measure(bench)
                 results.durations[phase] = time.monotonic() - began
@@ -84,8 +92,21 @@ async def run_phases(bench: Session) -> Results:
     return results
 
 
-def run(params: Params) -> Results:
-    """Start a broker in a temp dir, run the benchmarks, stop and wipe the broker."""
+async def run_streams(broker: Broker, workdir: Path, params: Params) -> list[Results]:
+    """Each selected stream through throughput and latency, one session each on one broker;
+    recovery once, in the first stream's session (its synthetic users and the example config
+    when the synthetic stream is selected)."""
+    out = []
+    for n, stream in enumerate(params.streams):
+        say(f"=== {stream} stream")
+        phases = ("throughput", "latency") + (("recovery",) if n == 0 else ())
+        out.append(await run_phases(Session(broker, workdir, params, stream), phases))
+    return out
+
+
+def run(params: Params) -> list[Results]:
+    """Start a broker in a temp dir, run the benchmarks, stop and wipe the broker: one
+    `Results` per stream."""
     # aiokafka logs the retries of a consumer that starts while new topics elect leaders
     # ("NotLeaderForPartitionError") as errors; they resolve themselves. Real failures
     # surface as the bench's own timeouts.
@@ -96,7 +117,7 @@ def run(params: Params) -> Results:
         workdir / "kafka", port=None, stop_with_parent=True, overrides=PRODUCTION_GROUP_SETTINGS
     )
     try:
-        return asyncio.run(run_phases(Session(broker, workdir, params)))
+        return asyncio.run(run_streams(broker, workdir, params))
     finally:
         broker.stop(wipe=not params.keep)
         if params.keep:

@@ -6,6 +6,7 @@ See bench/e2e.py (module docstring, item 2) for what is measured and how.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +16,7 @@ import msgpack
 from bench.collect import collect
 from bench.session import Session, say
 from bench.topics import create_topics
-from bench.workers import CONFIG, STOP_TIMEOUT_S, Worker
+from bench.workers import STOP_TIMEOUT_S, Worker
 from infra.processes import LoggedProcess, peak_rss_bytes
 
 
@@ -72,8 +73,9 @@ async def latency_run(bench: Session, kind: str, rate: float, run: int) -> dict[
         users=p.users,
         seed=100 + run,
         id_prefix=f"L{run}-",
-        config=CONFIG,
+        config=bench.config_path,
         out=sent_path,
+        stream=bench.stream,
     )
     started = asyncio.Event()
     collector = asyncio.create_task(
@@ -104,8 +106,7 @@ async def latency_run(bench: Session, kind: str, rate: float, run: int) -> dict[
     series = []  # (produce time, latency, the output's send time) per event, for inspection
     legs: list[float] = []  # produce -> the output's send by the worker (its record timestamp)
     for arrival, value, output_sent in outputs.values:
-        message = msgpack.unpackb(value, raw=False)
-        key = message["id"] if kind == "pipeline" else f"{message['user']}:{message['id']}"
+        key = _output_key(value) if kind == "pipeline" else _forwarded_key(value)
         at = sent.get(key)
         if at is not None:
             series.append((at, arrival - at, output_sent))
@@ -124,6 +125,20 @@ async def latency_run(bench: Session, kind: str, rate: float, run: int) -> dict[
         "with_output": len(latencies),
         "peak_rss": peak,
     }
+
+
+def _output_key(value: bytes) -> str:
+    """A prediction's id."""
+    return str(msgpack.unpackb(value, raw=False)["id"])
+
+
+def _forwarded_key(value: bytes) -> str:
+    """`<user>:<id>` of an input the passthrough forwarded (msgpack, or Segment JSON)."""
+    if value[:1] == b"{":
+        message = json.loads(value)
+        return f"{message.get('userId') or message.get('anonymousId')}:{message['messageId']}"
+    message = msgpack.unpackb(value, raw=False)
+    return f"{message['user']}:{message['id']}"
 
 
 # --- 3. recovery ------------------------------------------------------------------------

@@ -14,6 +14,12 @@ them as they are sent: the generator shares the two cores with the broker and th
 measures, and a send per event (aiokafka's `send`: a pure-Python murmur2 and a future per
 record) cost it a quarter of a core at 8,000 events/s.
 
+With `--stream realistic` it sends the realistic stream's Segment JSON messages instead
+(bench/realistic.py, in their order, `identify` calls included), each message's `timestamp`
+and `sentAt` written as the ISO time of sending and its `messageId` replaced by the unique id
+(the worker then takes the event time as sent: Segment's skew correction moves it by the
+record time minus `sentAt`, a few milliseconds).
+
 Its own process, so the bench process that timestamps the arrivals does not share its loop.
 """
 
@@ -31,6 +37,7 @@ import msgpack
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from bench.realistic import iso_time, realistic_stream
 from bench.synthetic import clickstream
 from engine import Event
 from schemas.config import load_config
@@ -48,30 +55,42 @@ async def generate(
     seed: int,
     id_prefix: str,
     config_path: Path,
+    stream: str = "synthetic",
 ) -> tuple[dict[str, float], float]:
     """Send at `rate` events/s for `seconds`; return produce times by prediction id, and the
     achieved rate."""
     config = load_config(config_path)
     total = int(rate * seconds)
-    stream = clickstream(config, total, users, seed=seed)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     sent: dict[str, float] = {}
     try:
         partitions = sorted(await producer.partitions_for(topic))
-        messages = [
-            _prepared(event, f"{id_prefix}{n}", partitions) for n, event in enumerate(stream)
-        ]
+        if stream == "realistic":
+            generated = realistic_stream(config, total, users, seed=seed).messages[:total]
+            messages = [
+                _prepared_segment(raw, f"{id_prefix}{n}", partitions)
+                for n, raw in enumerate(generated)
+            ]
+            total = len(messages)
+        else:
+            messages = [
+                _prepared(event, f"{id_prefix}{n}", partitions)
+                for n, event in enumerate(clickstream(config, total, users, seed=seed))
+            ]
         started = time.monotonic()
         n = 0
         while n < total:
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             now = time.time()
-            stamp = _UINT64.pack(0xCF, int(now * 1000))  # the event time, as msgpack writes it
+            if stream == "realistic":
+                stamp = iso_time(int(now * 1000)).encode()
+            else:
+                stamp = _UINT64.pack(0xCF, int(now * 1000))  # the event time, as msgpack writes
             batches: dict[int, Any] = {}
             while n < due:
                 message = messages[n]
-                value = message.head + stamp + message.tail
+                value = stamp.join(message.parts)
                 batch = batches.get(message.partition)
                 if (
                     batch is None
@@ -98,10 +117,9 @@ class _Prepared(NamedTuple):
 
     partition: int
     key: bytes
-    head: bytes
-    """The msgpack map up to its "ts" value."""
-    tail: bytes
-    """The rest of the map after the "ts" value."""
+    parts: tuple[bytes, ...]
+    """The encoded message cut where its time goes (msgpack: around the "ts" value; Segment
+    JSON: around the `timestamp` and `sentAt` strings' contents)."""
     sent_key: str
     """`<user>:<id>`: the produce time's key in `--out`."""
 
@@ -126,7 +144,24 @@ def _prepared(event: Event, event_id: str, partitions: list[int]) -> _Prepared:
     head, tail = msgpack.packb(message).split(_UINT64.pack(0xCF, _STAMP_MARK))
     key = event.user.encode()
     partition = DefaultPartitioner()(key, partitions, partitions)
-    return _Prepared(partition, key, head, tail, f"{event.user}:{event_id}")
+    return _Prepared(partition, key, (head, tail), f"{event.user}:{event_id}")
+
+
+_ISO_MARK = "\u0000stamp\u0000"  # JSON escapes it: no message text can contain it
+
+
+def _prepared_segment(raw: bytes, event_id: str, partitions: list[int]) -> _Prepared:
+    """A Segment message's record, but for its `timestamp` and `sentAt` (stamped when it is
+    sent), its `messageId` the given id; keyed by its user."""
+    message = json.loads(raw)
+    message["timestamp"] = message["sentAt"] = _ISO_MARK
+    message["messageId"] = event_id
+    text = json.dumps(message, separators=(",", ":")).encode()
+    parts = tuple(text.split(json.dumps(_ISO_MARK).encode()[1:-1]))
+    user = message.get("userId") or message.get("anonymousId")
+    key = user.encode()
+    partition = DefaultPartitioner()(key, partitions, partitions)
+    return _Prepared(partition, key, parts, f"{user}:{event_id}")
 
 
 def main() -> int:
@@ -141,6 +176,7 @@ def main() -> int:
     parser.add_argument("--id-prefix", default="L")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="produce times (msgpack)")
+    parser.add_argument("--stream", choices=("synthetic", "realistic"), default="synthetic")
     args = parser.parse_args()
     sent, achieved = asyncio.run(
         generate(
@@ -152,6 +188,7 @@ def main() -> int:
             seed=args.seed,
             id_prefix=args.id_prefix,
             config_path=args.config,
+            stream=args.stream,
         )
     )
     args.out.write_bytes(msgpack.packb(sent))

@@ -1,7 +1,9 @@
 """`python -m bench.passthrough`: the limit the worker is compared with.
 
 A raw aiokafka consumer reads the source topic from the beginning (no consumer group, every
-partition), decodes each value with msgpack, encodes it again, and sends it keyed as it came to
+partition), decodes each value in its format (JSON if it starts with `{`, as a Segment message
+of the realistic stream does, else msgpack: the worker's own rule), encodes it again in that
+format (`reencode`), and sends it keyed as it came to
 the destination topic with an aiokafka producer (acks=all, like the worker's). Nothing else: no
 Faust, no state, no engine. It exits after `--count` messages (flushed), or after `--idle-exit`
 seconds without input, and prints one JSON line with what it did (messages, seconds from the
@@ -20,6 +22,15 @@ import time
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+
+def reencode(value: bytes) -> bytes:
+    """The value decoded and encoded again in its own format (JSON or msgpack)."""
+    if value[:1] == b"{":
+        return json.dumps(json.loads(value), separators=(",", ":")).encode()
+    packed: bytes = msgpack.packb(msgpack.unpackb(value, raw=False))
+    return packed
+
 
 BATCH_MAX = 500  # the worker's ORACULAR_BATCH_MAX default, as getmany's max_records
 START_WAIT_S = 120.0  # longest wait for the first input message
@@ -57,8 +68,7 @@ async def passthrough(
             last_input = now
             for records in batches.values():
                 for record in records:
-                    value = msgpack.packb(msgpack.unpackb(record.value, raw=False))
-                    await producer.send(dest, value, key=record.key)
+                    await producer.send(dest, reencode(record.value), key=record.key)
                     forwarded += 1
         await producer.flush()
         done, cpu_done = time.monotonic(), time.process_time()

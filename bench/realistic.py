@@ -163,7 +163,8 @@ def _person(rng: random.Random, n: int) -> _Person:
     )
 
 
-def _iso(ms: int) -> str:
+def iso_time(ms: int) -> str:
+    """Epoch ms as analytics.js writes times: ISO 8601 UTC, milliseconds, a Z."""
     text = datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
 
@@ -174,8 +175,8 @@ def _common(rng: random.Random, person: _Person, at: int, path: str) -> dict[str
         "userId": person.user_id,
         "anonymousId": person.anonymous_id,
         "messageId": f"ajs-next-{rng.getrandbits(96):024x}",
-        "timestamp": _iso(at),
-        "sentAt": _iso(at + rng.randrange(5, 900)),
+        "timestamp": iso_time(at),
+        "sentAt": iso_time(at + rng.randrange(5, 900)),
         "context": {
             "library": {"name": "analytics.js", "version": "next-1.72.0"},
             "page": {

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from bench.collect import IDLE_S
+from bench.inputs import ratio_rows
 from bench.machine import code_version, kafka_version, machine
 from bench.results import Results
 from bench.throughput import PEERS
@@ -18,6 +19,15 @@ from bench.workers import PARTITIONS, ROOT
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:e2e:begin -->", "<!-- bench:e2e:end -->"
+
+
+def markers(stream: str) -> tuple[str, str]:
+    """The BEGIN/END markers of a stream's section (the synthetic stream keeps the old ones)."""
+    if stream == "synthetic":
+        return BEGIN, END
+    return f"<!-- bench:e2e-{stream}:begin -->", f"<!-- bench:e2e-{stream}:end -->"
+
+
 TARGET_RATE = 15_000  # the throughput issue's targets: one process, and p99 at half load
 TARGET_RATIO = 0.5
 TARGET_P99_S = 0.030
@@ -100,6 +110,71 @@ def peer_rows(r: Results) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
+def _cpu_rate(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median over `runs` of events per CPU-second (None when no run has its CPU)."""
+    values = [
+        row["rate"] / row["cpu"]
+        for row in runs
+        if row.get("rate") and row.get("cpu") and not math.isnan(row["cpu"])
+    ]
+    return statistics.median(values) if values else None
+
+
+def drain_rates(r: Results) -> list[tuple[str, float | None, float | None]]:
+    """(label, median events/s, median events per CPU-second) of everything that drained the
+    throughput phase's input."""
+    rates: list[tuple[str, float | None, float | None]] = [
+        (
+            "passthrough",
+            _median(r.passthrough, "rate") if r.passthrough else None,
+            _cpu_rate(r.passthrough),
+        ),
+        (
+            "oracular worker",
+            _median(r.pipeline, "rate") if r.pipeline else None,
+            _cpu_rate(r.pipeline),
+        ),
+    ]
+    if r.scaled:
+        rates.append(
+            (
+                f"oracular worker --processes {r.params.processes}",
+                _median(r.scaled, "rate"),
+                _cpu_rate(r.scaled),
+            )
+        )
+    done = [row for row in r.backfill if "rate" in row]
+    if done:
+        rates.append(("oracular backfill", _median(done, "rate"), _cpu_rate(done)))
+    for peer in r.params.peers:
+        ok = _peer_ok(r, peer)
+        label = PEERS[peer][1] if peer in PEERS else peer
+        rates.append((label, _median(ok, "rate") if ok else None, _cpu_rate(ok)))
+    return rates
+
+
+def ratio_table(r: Results) -> list[str]:
+    """The same-run comparison: every drainer's events/s, over the passthrough's and Quix's."""
+    found = ratio_rows(drain_rates(r))
+    if not found:
+        return []
+
+    def show(value: float | None, fmt: str = "{:.2f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
+
+    return [
+        "| drains the input (median of the runs) | events/s | ÷ passthrough | ÷ Quix Streams "
+        "| events per CPU-second | ÷ passthrough's |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {row.label} | {row.rate:,.0f} | {show(row.to_passthrough)} | "
+            f"{show(row.to_quix)} | {show(row.per_cpu, '{:,.0f}')} | "
+            f"{show(row.per_cpu_to_passthrough)} |"
+            for row in found
+        ),
+    ]
+
+
 def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
     """(measure, worker, same-run baseline, ratio, target) rows of the summary table."""
     out = []
@@ -126,6 +201,17 @@ def rows(r: Results) -> list[tuple[str, str, str, str, str]]:
             )
         )
         out += scale_out_rows(r) + peer_rows(r)
+        if any("rate" in row for row in r.backfill):
+            rate = _median(r.backfill, "rate")
+            out.append(
+                (
+                    "throughput, events/s (`oracular backfill`, one process)",
+                    f"{rate:,.0f}",
+                    f"passthrough {_median(r.passthrough, 'rate'):,.0f}",
+                    f"{rate / _median(r.passthrough, 'rate'):.2f}",
+                    "",
+                )
+            )
     if r.latency:
         for key in ("p50", "p99", "max"):
             worker, base = _median(r.latency, key), _median(r.latency_base, key)
@@ -194,8 +280,8 @@ def section(r: Results, command: str) -> str:
         *(f"| {' | '.join(row)} |" for row in rows(r)),
     ]
     lines = [
-        BEGIN,
-        f"### End to end (`{command}`, {now:%Y-%m-%d %H:%M %Z})",
+        markers(r.stream)[0],
+        f"### End to end, {r.stream} stream (`{command}`, {now:%Y-%m-%d %H:%M %Z})",
         "",
         f"Machine: {machine()}. The broker, the worker, the load generator and the bench's "
         "consumer all share these cores.",
@@ -206,7 +292,7 @@ def section(r: Results, command: str) -> str:
         "(`infra.broker.start_broker`, free ports, temp dir; heap 512 MiB; a new group's first "
         "rebalance waits 3 s for more members, Kafka's default `group.initial.rebalance.delay.ms`, "
         "where the tests' broker waits 0).",
-        "Worker: `python -m streams.cli worker --config examples/oracular.yaml`, one process, "
+        f"Worker: `python -m streams.cli worker --config {_config_shown(r)}`, one process, "
         f"ORACULAR_PARTITIONS={PARTITIONS}, at-least-once, RocksDB, a new app id, topic prefix "
         "and datadir per run, other settings default (batches: `streams/settings/`)"
         + (
@@ -224,13 +310,24 @@ def section(r: Results, command: str) -> str:
         "",
         *table,
         "",
+        *(
+            [
+                "Same run, every drainer of the throughput input against the passthrough and "
+                "Quix Streams (issue 34's ratios):",
+                "",
+                *ratio_table(r),
+                "",
+            ]
+            if r.pipeline
+            else []
+        ),
     ]
     if r.pipeline:
         e = r.expected
         lines += [
             f"**Throughput** ({p.runs} runs each, alternating; medians above). Input: "
-            f"{p.events:,} msgpack events over {p.users:,} users (`bench/synthetic.py` "
-            "`clickstream`, seed 7), keyed by user, produced before any worker starts "
+            f"{r.input_describe}, and a closing mark per partition a day later "
+            f"({r.input_count:,} records), keyed by user, produced before any worker starts "
             f"({r.preload_s:.1f} s). Expected outputs (`engine.replay`): "
             f"{e['predictions']:,} predictions and {e['episodes']:,} episodes. "
             f"Pipeline events/s: {_list(r.pipeline, 'rate')}; up to the last prediction, "
@@ -250,7 +347,7 @@ def section(r: Results, command: str) -> str:
             f"{_median(r.pipeline, 'broker_cpu'):.0%} of a core.",
             "",
         ]
-    lines += scale_out_text(r) + peers_text(r)
+    lines += scale_out_text(r) + backfill_text(r) + peers_text(r)
     if r.latency:
         lines += [
             f"**Latency** ({p.latency_runs} runs each, alternating; medians above): "
@@ -296,7 +393,7 @@ def section(r: Results, command: str) -> str:
         "when the load generator builds the event's record batch, just before it sends it) "
         "to the prediction's arrival at the bench's consumer, matched by "
         "prediction id `<user>:<event id>`, only events that produce a prediction.",
-        END,
+        markers(r.stream)[1],
     ]
     return "\n".join(lines)
 
@@ -344,6 +441,34 @@ def scale_out_text(r: Results) -> list[str]:
     ]
 
 
+def _outputs_per_event(r: Results) -> float:
+    return sum(r.expected.values()) / max(r.input_count, 1)
+
+
+def _config_shown(r: Results) -> str:
+    return "bench/realistic.yaml" if r.stream == "realistic" else "examples/oracular.yaml"
+
+
+def backfill_text(r: Results) -> list[str]:
+    """The backfill paragraph."""
+    if not r.backfill:
+        return []
+    return [
+        f"**Backfill** (in the same alternation, {len(r.backfill)} runs; median above). "
+        f"`oracular backfill --config {_config_shown(r)} --app-id <new>` over the same input "
+        "topic: it captures the topic's range, drains it and exits; timed on its output "
+        "records as the worker is (the episodes it closes at its end by the wall clock come "
+        f"after the expected counts, outside the span). Events/s: {_list(r.backfill, 'rate')}; "
+        f"to the last prediction: {_list(r.backfill, 'rate_pred')}; its own report (input "
+        "messages over its time, Faust's start and stop included): "
+        f"{', '.join(str(row['own_rate']) for row in r.backfill)}; runs ended by: "
+        f"{', '.join(row['ended_by'] for row in r.backfill)}; exit codes "
+        f"{', '.join(str(row['exit']) for row in r.backfill)}; CPU "
+        f"{_median(r.backfill, 'cpu'):.0%} of a core.",
+        "",
+    ]
+
+
 def peers_text(r: Results) -> list[str]:
     """The peers paragraph."""
     if not r.params.peers or not r.pipeline:
@@ -353,14 +478,16 @@ def peers_text(r: Results) -> list[str]:
         f"**Peers** (in the same alternation, on the same input topic; medians above). Each "
         "peer (`bench/peers/`) is a per-user counter written the way its framework's documentation "
         "teaches, in its own process, consumer group and state directory. Per event it decodes "
-        "the msgpack value, reads the user's `[count, last event time]` from its RocksDB "
+        "the value (msgpack, or the Segment JSON message: `userId`, `timestamp`, `messageId`), "
+        "reads the user's `[count, last event time]` from its RocksDB "
         "state, writes it back (the framework's changelog topic records it), and sends one "
         f"msgpack output keyed by the user: {r.input_count:,} outputs per run, timed like the "
         "passthrough (first to last output record timestamp). The worker does far more per "
         "event: it decodes and checks the event, runs the engine on the user's decoded state "
         "(`apply_event`: the episode's signals, the predictions that change), publishes "
-        "predictions and closed episodes (the timer's closes included; about 0.58 outputs per "
-        "event here), keeps the deadline index, and sends a changelog record per user per "
+        "predictions and closed episodes (the timer's closes included; "
+        f"{_outputs_per_event(r):.2f} outputs per event here), keeps the deadline index, "
+        "and sends a changelog record per user per "
         "batch, awaited before the input offsets are committed. The worker: "
         f"{worker:,.0f} events/s, {_per_cpu(r.pipeline)} per CPU-second of its process. Events "
         "per CPU-second (each run's rate over its CPU share, median) compare the code's cost "

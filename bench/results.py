@@ -21,6 +21,12 @@ class Results:
     """Everything measured, for the table and the Markdown section."""
 
     params: Params
+    stream: str = "synthetic"
+    """The input stream (bench/inputs.py) of the throughput and latency phases."""
+    input_describe: str = ""
+    """What the throughput phase's input was (bench/inputs.py `BenchInput.describe`)."""
+    backfill: list[dict[str, Any]] = field(default_factory=list)
+    """The `oracular backfill` runs over the throughput phase's input."""
     loads: list[tuple[str, tuple[float, float, float]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     preload_s: float = 0.0

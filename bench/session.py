@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.inputs import config_path
 from bench.results import Results
 from bench.workers import CONFIG, ROOT, Worker, helper
 from infra.broker import Broker
@@ -46,6 +47,11 @@ class Params:
     """Peers run in the throughput phase (bench/peers): "faust", "quix"."""
     processes: int = 2
     """The throughput phase also runs `oracular worker --processes N` (1: no scale-out run)."""
+    streams: tuple[str, ...] = ("synthetic", "realistic")
+    """The input streams (bench/inputs.py), each through the throughput and latency phases;
+    recovery runs once, on the synthetic stream's config."""
+    backfill: bool = True
+    """The throughput phase also drains the input with `oracular backfill`."""
     worker_env: dict[str, str] = field(default_factory=dict)
     """Extra ORACULAR_* settings for the measured workers (experiments; noted in the output)."""
     worker_root: Path = ROOT
@@ -57,14 +63,19 @@ class Params:
 class Session:
     """One end-to-end benchmark session: a broker, a temp dir, unique names, the results."""
 
-    def __init__(self, broker: Broker, workdir: Path, params: Params) -> None:
-        """Use `broker`; everything else goes under `workdir`."""
+    def __init__(
+        self, broker: Broker, workdir: Path, params: Params, stream: str = "synthetic"
+    ) -> None:
+        """Use `broker`; everything else goes under `workdir`; the workers run the config of
+        `stream` (bench/inputs.py)."""
         self.broker, self.workdir, self.params = broker, workdir, params
         self.bootstrap = broker.bootstrap
-        self.config = load_config(CONFIG)
+        self.stream = stream
+        self.config_path = config_path(stream) if stream != "synthetic" else CONFIG
+        self.config = load_config(self.config_path)
         self.session = uuid.uuid4().hex[:6]
         self.counter = 0
-        self.results = Results(params)
+        self.results = Results(params, stream=stream)
 
     def name(self, what: str) -> str:
         """A name no other run (or earlier session on a reused broker) uses."""
@@ -72,10 +83,16 @@ class Session:
         return f"bench-{self.session}-{self.counter:02d}-{what}"
 
     def worker(
-        self, name: str, *, app_id: str | None = None, processes: int = 1, **settings: str
+        self,
+        name: str,
+        *,
+        app_id: str | None = None,
+        processes: int = 1,
+        command: tuple[str, ...] = ("worker",),
+        **settings: str,
     ) -> Worker:
         """A worker with its own app id, topic prefix, datadir and log (unless overridden);
-        `processes` > 1: `oracular worker --processes N`."""
+        `processes` > 1: `oracular worker --processes N`; `command`: another subcommand."""
         app_id = app_id or name
         return Worker(
             name,
@@ -86,6 +103,8 @@ class Session:
             log_path=self.workdir / "logs" / f"{name}.log",
             root=self.params.worker_root,
             processes=processes,
+            config=self.config_path,
+            command=command,
             settings={
                 **self.params.worker_env,
                 **{f"ORACULAR_{k.upper()}": v for k, v in settings.items()},

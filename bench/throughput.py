@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.collect import FIRST_OUTPUT_TIMEOUT_S, Outputs, collect, outputs_of
+from bench.inputs import build
 from bench.session import Session, say
-from bench.synthetic import clickstream, closing_marks
-from bench.topics import create_topics, preload
+from bench.topics import create_topics, preload_records
 from bench.workers import PARTITIONS, STOP_TIMEOUT_S
 from engine import EngineConfig, Event, replay
 from infra.processes import cpu_seconds, tree_cpu_seconds, tree_peak_rss_bytes, tree_rss_bytes
@@ -73,21 +74,25 @@ async def measure(bench: Session) -> None:
     """Alternate passthrough and pipeline runs over one preloaded input topic."""
     p, r = bench.params, bench.results
     source = bench.name("input")
-    events = clickstream(bench.config, p.events, p.users)
-    events += closing_marks(events[-1].at + DAY_MS, PARTITIONS)
-    say(f"expected outputs of {p.events:,} events over {p.users:,} users (engine.replay)")
-    r.expected = expected_outputs(bench.config, events)
-    await create_topics(bench.bootstrap, [source])
-    r.preload_s = await preload(bench.bootstrap, source, events)
-    r.input_count = len(events)
-    say(f"preloaded {p.events:,} events to {source} in {r.preload_s:.1f} s; {r.expected}")
-    del events
+    prepared = build(bench.stream, p.events, p.users, PARTITIONS, bench.config)
+    r.input_describe = prepared.describe
+    say(
+        f"{bench.stream} stream: expected outputs of {len(prepared.events):,} events over "
+        f"{p.users:,} users (engine.replay)"
+    )
+    r.expected = expected_outputs(bench.config, prepared.events)
+    await create_topics(bench.bootstrap, [source], prepared.topic_config)
+    r.preload_s = await preload_records(bench.bootstrap, source, prepared.records)
+    r.input_count = len(prepared.records)
+    say(f"preloaded {r.input_count:,} records to {source} in {r.preload_s:.1f} s; {r.expected}")
+    count = len(prepared.events)
+    del prepared
     peers = available_peers(bench)
     for run in range(p.runs):
         r.load(f"throughput run {run + 1}")
-        r.passthrough.append(await passthrough_run(bench, source, p.events))
+        r.passthrough.append(await passthrough_run(bench, source, r.input_count, count))
         say(f"passthrough {run + 1}/{p.runs}: {r.passthrough[-1]['rate']:,.0f} events/s")
-        r.pipeline.append(await pipeline_run(bench, source, p.events, r.expected))
+        r.pipeline.append(await pipeline_run(bench, source, count, r.expected))
         row = r.pipeline[-1]
         say(
             f"pipeline {run + 1}/{p.runs}: {row['rate']:,.0f} events/s "
@@ -96,7 +101,7 @@ async def measure(bench: Session) -> None:
         )
         if p.processes > 1:
             r.scaled.append(
-                await pipeline_run(bench, source, p.events, r.expected, processes=p.processes)
+                await pipeline_run(bench, source, count, r.expected, processes=p.processes)
             )
             row = r.scaled[-1]
             say(
@@ -105,8 +110,21 @@ async def measure(bench: Session) -> None:
                 f"a core; applied {row['applied_by_process']}; last ready "
                 f"{row['ready_spread']:.1f} s after the first)"
             )
+        if p.backfill:
+            try:
+                row = await backfill_run(bench, source, count, r.expected)
+            except RuntimeError as exc:  # it exited before the expected outputs: say so, go on
+                say(str(exc))
+                row = failed_backfill(str(exc))
+            r.backfill.append(row)
+            say(
+                f"oracular backfill {run + 1}/{p.runs}: "
+                + (f"{row['rate']:,.0f} events/s " if "rate" in row else "")
+                + f"({row['ended_by']}; its own report {row['own_rate']}; CPU {row['cpu']:.0%} "
+                "of a core)"
+            )
         for peer in list(peers):
-            row = await peer_run(bench, peer, source, r.input_count)
+            row = await peer_run(bench, peer, source, r.input_count, count)
             r.peers.setdefault(peer, []).append(row)
             label = PEERS[peer][1]
             if row.get("error"):
@@ -142,8 +160,12 @@ def available_peers(bench: Session) -> list[str]:
     return found
 
 
-async def peer_run(bench: Session, peer: str, source: str, count: int) -> dict[str, Any]:
-    """One peer drains `source` (one output per input record) to its own topic."""
+async def peer_run(
+    bench: Session, peer: str, source: str, count: int, events: int
+) -> dict[str, Any]:
+    """One peer drains `source` (`count` records; one output per record) to its own topic;
+    its rate is in `events` (the records the worker applies: not the identify calls) per
+    second, as the worker's is, so the two rates' ratio is the ratio of their drain times."""
     module, label, _ = PEERS[peer]
     name = bench.name(peer)
     dest = f"{name}.out"
@@ -192,7 +214,7 @@ async def peer_run(bench: Session, peer: str, source: str, count: int) -> dict[s
         return {"error": error, "log": str(proc.log_path)}
     span = outputs.span_s()
     return {
-        "rate": outputs.counts["out"] / span,
+        "rate": events / span if outputs.counts["out"] >= count else outputs.counts["out"] / span,
         "seconds": span,
         "count": outputs.counts["out"],
         "complete": outputs.complete,
@@ -202,7 +224,71 @@ async def peer_run(bench: Session, peer: str, source: str, count: int) -> dict[s
     }
 
 
-async def passthrough_run(bench: Session, source: str, count: int) -> dict[str, Any]:
+async def backfill_run(
+    bench: Session, source: str, count: int, expected: Mapping[str, int]
+) -> dict[str, Any]:
+    """`oracular backfill` (a fresh app id) drains `source` to its end and exits; timed on its
+    outputs as a worker is (the episodes it closes at its end, by the wall clock, come after
+    the expected counts and are not in the span)."""
+    name = bench.name("backfill")
+    worker = bench.worker(name, command=("backfill", "--app-id", name), topic_events=source)
+    topics = worker.topics
+    await create_topics(bench.bootstrap, [spec.name for spec in topics if spec.name != source])
+    roles = {"predictions": topics.predictions.name, "episodes": topics.episodes.name}
+    started, first = asyncio.Event(), asyncio.Event()
+    collector = asyncio.create_task(
+        collect(bench.bootstrap, roles, expected=expected, started=started, first_output=first)
+    )
+    await started.wait()
+    worker.start()
+    cpu0 = asyncio.create_task(cpu_at(first, worker.pid))
+    try:
+        outputs = await outputs_of(collector, worker)
+        cpu1 = tree_cpu_seconds(worker.pid)
+        code = await worker.wait_exit_async(STOP_TIMEOUT_S)
+    finally:
+        collector.cancel()
+        cpu0.cancel()
+        worker.stop()
+    own = BACKFILL_OWN.search(worker.log_text())
+    span = outputs.span_s()
+    return {
+        "rate": count / span,
+        "rate_pred": count / outputs.span_s("predictions"),
+        "seconds": span,
+        "counts": dict(outputs.counts),
+        "complete": outputs.complete,
+        "ended_by": outputs.ended_by,
+        "exit": code,
+        "own_rate": own.group(1) + " messages/s" if own else "not found",
+        "cpu": (cpu1 - cpu0.result()) / span if finished(cpu0) else float("nan"),
+    }
+
+
+def failed_backfill(error: str) -> dict[str, Any]:
+    """The row of a backfill run that exited before its outputs reached the expected counts
+    (no rate; its own summary line, with its counts, in `ended_by`)."""
+    summary = BACKFILL_SUMMARY.search(error)
+    return {
+        "ended_by": "FAILED: exited before the expected outputs"
+        + (f" (its summary: {summary.group(1)})" if summary else ""),
+        "own_rate": "n/a",
+        "exit": "?",
+        "cpu": float("nan"),
+        "error": error.splitlines()[0],
+    }
+
+
+BACKFILL_SUMMARY = re.compile(r"complete: (applied=\S+ .*?) in [\d.]+ s", re.MULTILINE)
+"""The counts in a backfill's summary line."""
+
+BACKFILL_OWN = re.compile(r"^backfill \S+ complete: .* \(([\d,]+) messages/s\)$", re.MULTILINE)
+"""The backfill's own summary line (its rate includes Faust's start and stop)."""
+
+
+async def passthrough_run(bench: Session, source: str, count: int, events: int) -> dict[str, Any]:
+    """The passthrough forwards `source` (`count` records); its rate in `events` per second
+    (see `peer_run`)."""
     dest = bench.name("passthrough")
     await create_topics(bench.bootstrap, [dest])
     started = asyncio.Event()
@@ -220,7 +306,7 @@ async def passthrough_run(bench: Session, source: str, count: int) -> dict[str, 
     span = outputs.span_s()
     own = json.loads(proc.log_text().strip().splitlines()[-1])  # its own summary line
     return {
-        "rate": outputs.counts["out"] / span,
+        "rate": events / span if outputs.counts["out"] >= count else outputs.counts["out"] / span,
         "seconds": span,
         "count": outputs.counts["out"],
         "ended_by": outputs.ended_by,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -13,6 +14,9 @@ from engine import Event
 from schemas.events import encode_event
 from streams.settings.topics import TopicSpec
 from streams.tools.admin import ensure_topics_async
+
+if TYPE_CHECKING:
+    from bench.inputs import Record
 
 
 async def preload(bootstrap: str, topic: str, events: Sequence[Event]) -> float:
@@ -31,9 +35,30 @@ async def preload(bootstrap: str, topic: str, events: Sequence[Event]) -> float:
     return time.monotonic() - started
 
 
-async def create_topics(bootstrap: str, names: Sequence[str]) -> None:
-    """Topics with the benchmark's partition count (idempotent)."""
-    await ensure_topics_async(bootstrap, [TopicSpec(name, PARTITIONS) for name in names])
+async def preload_records(bootstrap: str, topic: str, records: Sequence[Record]) -> float:
+    """Produce `records` (bench/inputs.py: key, value, record timestamp) as `preload` does."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=256 * 1024
+    )
+    await producer.start()
+    started = time.monotonic()
+    try:
+        for record in records:
+            await producer.send(
+                topic, record.value, key=record.key, timestamp_ms=record.timestamp_ms
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return time.monotonic() - started
+
+
+async def create_topics(
+    bootstrap: str, names: Sequence[str], config: Mapping[str, str] | None = None
+) -> None:
+    """Topics with the benchmark's partition count and `config` (idempotent)."""
+    specs = [TopicSpec(name, PARTITIONS, config or {}) for name in names]
+    await ensure_topics_async(bootstrap, specs)
 
 
 async def end_offsets(bootstrap: str, topic: str) -> int:

@@ -77,10 +77,13 @@ class Worker(LoggedProcess):
         settings: Mapping[str, str] | None = None,
         root: Path = ROOT,
         processes: int = 1,
+        config: Path = CONFIG,
+        command: tuple[str, ...] = ("worker",),
     ) -> None:
         """A worker for `app_id` on topics `<prefix>.*` (overridable in `settings`), run from
-        the checkout `root`; `processes` > 1 runs `oracular worker --processes N` (datadirs
-        `<datadir>/p<i>`)."""
+        the checkout `root` on `config`; `processes` > 1 runs `oracular worker --processes N`
+        (datadirs `<datadir>/p<i>`). `command`: the subcommand and its own flags (e.g.
+        `("backfill", "--app-id", app_id)`)."""
         self.app_id, self.prefix, self.datadir = app_id, prefix, datadir
         self.processes = processes
         self.settings = {
@@ -91,7 +94,8 @@ class Worker(LoggedProcess):
             "ORACULAR_DATADIR": str(datadir),
             **(settings or {}),
         }
-        argv = [sys.executable, "-m", "streams.cli", "worker", "--config", str(CONFIG)]
+        self.config = config
+        argv = [sys.executable, "-m", "streams.cli", *command, "--config", str(config)]
         if processes > 1:
             argv += ["--processes", str(processes)]
         super().__init__(

@@ -4,9 +4,10 @@ Each peer is a stream processor written the way its framework's documentation te
 same small per-user stateful job on the bench's preloaded input topic (msgpack events keyed by
 user), in its own process, with its own consumer group, state directory and output topic:
 
-per event: decode the msgpack value; read the user's state (a count and the last event time)
-from the framework's RocksDB-backed, changelogged store; write it back with the count plus one
-and this event's time; send one msgpack output (user, event id, count) keyed by the user.
+per event: decode the value (msgpack, or Segment JSON on the realistic stream); read the user's
+state (a count and the last event time) from the framework's RocksDB-backed, changelogged
+store; write it back with the count plus one and this event's time; send one msgpack output
+(user, event id, count) keyed by the user.
 
 - `bench.peers.faust_agent`: a Faust agent (faust-streaming, the product's own runtime) over
   `app.Table(..., store="rocksdb://")`, one `await topic.send(...)` per output;
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import subprocess
 import sys
 from typing import Any
@@ -39,7 +41,16 @@ INSTALL_TIMEOUT_S = 600.0
 
 
 def decode(value: bytes) -> dict[str, Any]:
-    """An input event (msgpack map: user, ts, type, name, id, ...)."""
+    """An input event: a msgpack map (user, ts, type, name, id, ...), or a Segment JSON message
+    (the realistic stream: starts with `{`), whose `userId` (else `anonymousId`), `timestamp`
+    and `messageId` are taken as user, ts and id."""
+    if value[:1] == b"{":
+        message = json.loads(value)
+        return {
+            "user": message.get("userId") or message.get("anonymousId"),
+            "ts": message.get("timestamp"),
+            "id": message.get("messageId"),
+        }
     event: dict[str, Any] = msgpack.unpackb(value, raw=False)
     return event
 

@@ -31,7 +31,7 @@ def test_a_prepared_record_stamped_at_send_is_the_event_packed_then():
         if event.intent is not None:
             message["intent"] = event.intent
         prepared = _prepared(event, event_id, PARTITIONS)
-        assert prepared.head + _UINT64.pack(0xCF, ts) + prepared.tail == msgpack.packb(message)
+        assert _UINT64.pack(0xCF, ts).join(prepared.parts) == msgpack.packb(message)
         key = event.user.encode()
         assert prepared.partition == DefaultPartitioner()(key, PARTITIONS, PARTITIONS)
         assert prepared.sent_key == f"{event.user}:{event_id}"
