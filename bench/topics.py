@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -21,32 +21,30 @@ if TYPE_CHECKING:
 
 async def preload(bootstrap: str, topic: str, events: Sequence[Event]) -> float:
     """Produce `events` (keyed by user, murmur2) and wait for the broker's acks; seconds."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=256 * 1024
+    return await _produce(
+        bootstrap, topic, ((event.user.encode(), encode_event(event), None) for event in events)
     )
-    await producer.start()
-    started = time.monotonic()
-    try:
-        for event in events:
-            await producer.send(topic, encode_event(event), key=event.user.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
-    return time.monotonic() - started
 
 
 async def preload_records(bootstrap: str, topic: str, records: Sequence[Record]) -> float:
     """Produce `records` (bench/inputs.py: key, value, record timestamp) as `preload` does."""
+    return await _produce(bootstrap, topic, ((r.key, r.value, r.timestamp_ms) for r in records))
+
+
+async def _produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes, int | None]]
+) -> float:
+    """Send (key, value, record timestamp) records in large batches, acked by every replica;
+    the seconds from the first send to the last ack (encoding included: `records` may be
+    lazy)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=256 * 1024
     )
     await producer.start()
     started = time.monotonic()
     try:
-        for record in records:
-            await producer.send(
-                topic, record.value, key=record.key, timestamp_ms=record.timestamp_ms
-            )
+        for key, value, timestamp_ms in records:
+            await producer.send(topic, value, key=key, timestamp_ms=timestamp_ms)
         await producer.flush()
     finally:
         await producer.stop()
