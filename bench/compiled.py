@@ -93,6 +93,12 @@ def build() -> None:
     print(f"== {len(modules)} compiled modules in {COMPILED.relative_to(ROOT)}/engine")
 
 
+def require_build() -> None:
+    """Refuse to run without a build: the compiled side would silently be the pure engine."""
+    if not any(COMPILED.glob("engine/*.so")):
+        raise SystemExit("no compiled engine in build/compiled: run `make compiled`")
+
+
 def replay(compiled: bool, events: Path, config: Path, out: Path, states: Path) -> None:
     """`oracular replay` in a fresh process, pure or compiled."""
     want = ".so" if compiled else ".py"
@@ -108,8 +114,7 @@ def replay(compiled: bool, events: Path, config: Path, out: Path, states: Path) 
 
 def check(events: int) -> None:
     """Replays pure and compiled must write the same bytes (see the module docs)."""
-    if not any(COMPILED.glob("engine/*.so")):
-        raise SystemExit("no compiled engine in build/compiled: run `make compiled`")
+    require_build()
     from bench.realistic import CONFIG, realistic_stream  # noqa: PLC0415
     from schemas.config import load_config  # noqa: PLC0415
 
@@ -159,6 +164,7 @@ FIGURES = re.compile(
 
 def ab(pairs: int, events: int) -> None:
     """`python -m bench.offline --runs 1`, pure then compiled, `pairs` times; the medians."""
+    require_build()
     seen: dict[str, list[tuple[float, ...]]] = {"pure": [], "compiled": []}
     for n in range(pairs):
         for name, compiled in (("pure", False), ("compiled", True)):
@@ -185,8 +191,9 @@ def ab(pairs: int, events: int) -> None:
     for i, label in enumerate(labels):
         pure = statistics.median(f[i] for f in seen["pure"])
         comp = statistics.median(f[i] for f in seen["compiled"])
+        digits = 3 if label == "replay/engine" else 0 if "events/s" in label else 1
         print(
-            f"{label:24} pure {pure:>10,.3f}  compiled {comp:>10,.3f}  "
+            f"{label:24} pure {pure:>10,.{digits}f}  compiled {comp:>10,.{digits}f}  "
             f"compiled/pure {comp / pure:.3f}"
         )
 
