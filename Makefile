@@ -24,7 +24,7 @@ CLUSTER = $(PY) -m infra.cluster --dir $(CLUSTER_DIR)
 PYTEST_ARGS ?=
 
 .PHONY: help setup kafka broker-up broker-down cluster-up cluster-down topics test test-fast lint typecheck check run \
-	bench clean distclean chaos
+	bench compiled clean distclean chaos
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -93,6 +93,14 @@ run: topics ## the worker on examples/oracular.yaml, fed examples/clickstream.js
 bench: setup ## run the benchmarks (python -m bench) if the project has them
 	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("bench") is None)'; \
 		then $(PY) -m bench; else echo "no bench module yet"; fi
+
+# Optional, never the default: engine/ compiled with mypyc into build/compiled/ (the source tree
+# and `make test` stay pure Python), then a replay equality check pure vs compiled
+# (bench/compiled.py). Run the compiled engine with
+# PYTHONSAFEPATH=1 PYTHONPATH=build/compiled:. (docs/development.md has the details).
+compiled: setup ## mypyc engine/ into build/compiled/ and check its replays match the pure build's
+	$(PY) -m bench.compiled build
+	$(PY) -m bench.compiled check
 
 clean: broker-down cluster-down ## stop the broker; delete its data, worker state and tool caches
 	rm -rf var/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ build/ dist/ *.egg-info

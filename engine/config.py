@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from engine.dedupe import DEFAULT_MAX_IDS, DEFAULT_WINDOW_MS
@@ -56,6 +56,17 @@ _INTENT_KEYS: Final = frozenset(
 )
 
 
+def _frozen_getstate(obj: Any) -> list[object]:
+    """dataclasses' `__getstate__` of a frozen slots class: the fields' values in order."""
+    return [getattr(obj, f.name) for f in fields(obj)]
+
+
+def _frozen_setstate(obj: Any, state: list[object]) -> None:
+    """dataclasses' `__setstate__` of a frozen slots class (object.__setattr__: it is frozen)."""
+    for f, value in zip(fields(obj), state, strict=False):
+        object.__setattr__(obj, f.name, value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LearningConfig:
     """Engine-wide learning options (`learning:` in the config)."""
@@ -68,6 +79,15 @@ class LearningConfig:
     """Association measure, one of `engine.lift.LIFT_MEASURES`."""
     half_life_ms: int | None = None
     """Learned counts (hits, misses, base rate) decay at this rate; None: they never decay."""
+
+    # Pickling (the lookup API process gets the config pickled): the pair dataclasses gives a
+    # frozen slots class, written out because a mypyc-compiled class does not keep it
+    # (`make compiled`); same state, same behaviour in the pure build.
+    def __getstate__(self) -> list[object]:
+        return _frozen_getstate(self)
+
+    def __setstate__(self, state: list[object]) -> None:
+        _frozen_setstate(self, state)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +116,13 @@ class IntentConfig:
     reset_on_outcome: bool = True
     """On the outcome, evidence returns to the prior (learned counts are kept)."""
 
+    # Pickling: see LearningConfig.
+    def __getstate__(self) -> list[object]:
+        return _frozen_getstate(self)
+
+    def __setstate__(self, state: list[object]) -> None:
+        _frozen_setstate(self, state)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
@@ -120,6 +147,13 @@ class EngineConfig:
     """Event name -> intents that list it as a signal (and not as their outcome)."""
     outcome_index: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
     """Event name -> intents whose outcome it is."""
+
+    # Pickling: see LearningConfig.
+    def __getstate__(self) -> list[object]:
+        return _frozen_getstate(self)
+
+    def __setstate__(self, state: list[object]) -> None:
+        _frozen_setstate(self, state)
 
     def __post_init__(self) -> None:
         signal_index: dict[str, list[str]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 
 import pytest
 
@@ -170,6 +171,19 @@ def test_to_dict_reads_back_equal():
         {**BASE, "episodeTimeout": 90_001, "learning": {"lift": "log-lift", "halfLife": "30d"}}
     )
     assert EngineConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_config_survives_pickle():
+    """The lookup API process gets the config pickled; a compiled engine (`make compiled`)
+    too: its classes carry the frozen dataclasses' pickling pair explicitly."""
+    config = EngineConfig.from_dict(
+        {**BASE, "episodeTimeout": 90_001, "learning": {"lift": "log-lift", "halfLife": "30d"}}
+    )
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy == config
+    assert copy.signal_index == config.signal_index
+    assert copy.outcome_index == config.outcome_index
+    assert copy.warnings == config.warnings
 
 
 def test_deprecated_lift_logs_one_warning_per_load(caplog):
