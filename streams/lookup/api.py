@@ -90,7 +90,7 @@ from streams.lookup.serving import (
     route,
 )
 from streams.runtime import processor as processor_module
-from streams.settings import APP_HEADER, DEFAULT_API_PORT, Settings
+from streams.settings import APP_HEADER, DEFAULT_API_NICE, DEFAULT_API_PORT, Settings
 from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from streams.settings.peers import Peers
 from streams.settings.topics import STATE_TABLE
@@ -1172,7 +1172,8 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         limits=Limits.from_settings(settings),
         tls=tls_paths(settings),
         log_level=logging.getLogger("oracular").getEffectiveLevel(),
-        nice=settings.api_nice,
+        nice=DEFAULT_API_NICE if settings.api_nice is None else settings.api_nice,
+        nice_set=settings.api_nice is not None,
     )
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)

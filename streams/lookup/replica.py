@@ -108,8 +108,11 @@ class ChildArgs:
     """(certificate, key, CA file) paths: SSL contexts are rebuilt in the child."""
     log_level: int
     nice: int = 0
-    """The API process's priority relative to the worker's (ORACULAR_API_NICE), set by the
-    worker when it starts the process."""
+    """The API process's priority relative to the worker's (ORACULAR_API_NICE, else
+    `streams.settings.DEFAULT_API_NICE`), set by the worker when it starts the process."""
+    nice_set: bool = False
+    """ORACULAR_API_NICE was set: a refusal is a warning (else an info line: a worker that may
+    not raise priorities, as in most containers, is a normal deployment)."""
 
 
 # --- the API process's side -----------------------------------------------------------------
@@ -423,13 +426,13 @@ class Feed:
         except OSError as exc:  # EPERM (ProcessLookupError: it already died; _run restarts it)
             if isinstance(exc, PermissionError) and not self.priority_refused:
                 self.priority_refused = True
-                log.warning(
+                log.log(
+                    logging.WARNING if self.args.nice_set else logging.INFO,
                     "the lookup API process runs at the worker's priority: setting its nice "
-                    "value to %d (ORACULAR_API_NICE=%d) was refused (%s); it needs root, "
-                    "CAP_SYS_NICE or a RLIMIT_NICE that allows it. Set ORACULAR_API_NICE=0 "
-                    "to silence this",
+                    "value to %d (%s) was refused (%s); it needs root, CAP_SYS_NICE or a "
+                    "RLIMIT_NICE that allows it. Set ORACULAR_API_NICE=0 to silence this",
                     target,
-                    nice,
+                    f"ORACULAR_API_NICE={nice}" if self.args.nice_set else f"{nice}, the default",
                     exc.strerror,
                 )
 

@@ -102,6 +102,11 @@ _TOPIC_ROLES: Final = {
 }
 """Topic role -> what the docs call its topic."""
 
+DEFAULT_API_NICE: Final = -5
+"""ORACULAR_API_NICE unset: the API process runs this many `nice` steps above its worker
+where that is permitted, quietly at the worker's priority where not (BENCHMARKS.md has the
+A/B)."""
+
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("config_path", "ORACULAR_CONFIG", Path, Path("examples/oracular.yaml"),
             "the engine config, YAML or JSON (docs/configuration.md)", "--config"),
@@ -244,12 +249,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
-    Setting("api_nice", "ORACULAR_API_NICE", int, -5,
+    Setting("api_nice", "ORACULAR_API_NICE", int, None,
             "the lookup API process's priority relative to its worker's, as `nice` counts "
             "(negative: higher, so a lookup does not wait for the CPU behind the worker's "
             "batches; 0: the worker's). Raising it needs root, CAP_SYS_NICE or a RLIMIT_NICE "
-            "that allows it; refused, the API runs at the worker's priority and one warning "
-            "says so (docs/serving.md)"),
+            "that allows it; refused, the API runs at the worker's priority, said in one "
+            "warning when the value was set, in one info line when it is the default "
+            "(docs/serving.md)",
+            shown=f"{DEFAULT_API_NICE} where permitted, else the worker's priority"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -330,7 +337,7 @@ class Settings:
     api_max_requests_per_connection: int = default("api_max_requests_per_connection")
     api_max_connections: int | None = default("api_max_connections")
     api_max_body_bytes: int = default("api_max_body_bytes")
-    api_nice: int = default("api_nice")
+    api_nice: int | None = default("api_nice")
     ready_max_lag: int = default("ready_max_lag")
 
     @property
@@ -587,7 +594,7 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
             problems.append(f"{label('api_peers')}: {exc}")
     if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
         problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
-    if not -20 <= settings.api_nice <= 19:
+    if settings.api_nice is not None and not -20 <= settings.api_nice <= 19:
         problems.append(
             f"{label('api_nice')}: must be -20 to 19, as nice (got {settings.api_nice})"
         )

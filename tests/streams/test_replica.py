@@ -52,6 +52,7 @@ from streams.lookup.replica import (
     unpacker,
 )
 from streams.lookup.serving import partition_for
+from streams.settings import DEFAULT_API_NICE, SettingsError, load_settings
 from streams.settings.peers import Peers
 from tests.streams.test_cli_replay import CONFIG
 
@@ -373,9 +374,10 @@ def test_the_api_process_refuses_to_be_started_by_hand() -> None:
 # --- the API process's priority (ORACULAR_API_NICE) -----------------------------------------
 
 
-def feed_with(config: Any, nice: int) -> Feed:
+def feed_with(config: Any, nice: int, nice_set: bool = True) -> Feed:
     """A `Feed` that is never started: only its priority rule is used."""
-    return Feed(dataclasses.replace(args(config), nice=nice), None, None, Metrics())  # type: ignore[arg-type]
+    chosen = dataclasses.replace(args(config), nice=nice, nice_set=nice_set)
+    return Feed(chosen, None, None, Metrics())  # type: ignore[arg-type]
 
 
 def test_the_api_process_gets_its_priority_relative_to_the_worker(config: Any) -> None:
@@ -413,3 +415,26 @@ def test_a_refused_priority_is_warned_once_and_the_process_still_starts(
     unset = feed_with(config, 0)  # 0: nothing to set, nothing refused
     unset._prioritise(os.getpid())
     assert not unset.priority_refused
+
+
+def test_a_refused_default_priority_is_an_info_line_not_a_warning(
+    config: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ORACULAR_API_NICE unset: a worker that may not raise priorities (most containers) is
+    a normal deployment, told once at INFO; set, the same refusal is a warning."""
+
+    def refuse(*_: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with caplog.at_level("INFO", logger="oracular.api"):
+        feed_with(config, DEFAULT_API_NICE, nice_set=False)._prioritise(os.getpid())
+    [record] = [r for r in caplog.records if "ORACULAR_API_NICE" in r.getMessage()]
+    assert record.levelname == "INFO" and "-5, the default" in record.getMessage()
+
+
+def test_the_api_nice_setting_is_unset_unless_given() -> None:
+    assert load_settings(env={}).api_nice is None  # DEFAULT_API_NICE, quietly
+    assert load_settings(env={"ORACULAR_API_NICE": "-3"}).api_nice == -3
+    with pytest.raises(SettingsError, match="ORACULAR_API_NICE"):
+        load_settings(env={"ORACULAR_API_NICE": "-21"})
