@@ -684,8 +684,9 @@ def run_tail(args: argparse.Namespace) -> int:
     # SIGTERM, and SIGINT even when started ignoring it (a background job of a script, as in
     # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally. Once:
     # `make run` sends SIGTERM after the terminal's SIGINT, and the tally must still come out.
-    signal.signal(signal.SIGINT, _stop_once)
-    signal.signal(signal.SIGTERM, _stop_once)
+    stop = StopOnce()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     tally = Tally() if args.pretty else None
     keep = Filter(frozenset(args.user or ()), frozenset(args.intent or ()), args.reveals)
     run(
@@ -707,13 +708,21 @@ def run_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_once(signum: int, frame: Any) -> None:
-    """A signal handler: KeyboardInterrupt for the first SIGINT or SIGTERM, the rest ignored."""
-    import signal
+class StopOnce:
+    """A signal handler: KeyboardInterrupt for the first SIGINT or SIGTERM, the rest ignored.
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    Ignored here, not by switching to SIG_IGN: a second signal that arrived before Python ran
+    the first one's handler would find SIG_IGN when its turn came, and CPython raises
+    `OSError: Signal 15 ignored due to race condition` then (a traceback in `make run`'s
+    output when its SIGTERM follows the terminal's SIGINT on a busy machine)."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
 
 
 def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:
