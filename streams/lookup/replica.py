@@ -416,7 +416,8 @@ class Feed:
         On two cores shared by the worker, the broker and producers, a lookup that is ready
         to run otherwise waits its turn behind the worker's batches (BENCHMARKS.md). Set from
         here, before the process starts threads (they inherit it), and again for a restarted
-        process; refused (not root, no CAP_SYS_NICE): a warning, once per worker."""
+        process; refused (not root, no CAP_SYS_NICE): said once per worker, a warning when
+        ORACULAR_API_NICE was set, an info line for the default."""
         nice = self.args.nice
         if nice == 0:
             return
