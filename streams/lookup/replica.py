@@ -145,19 +145,17 @@ class Replica:
     def __init__(self) -> None:
         self.values: dict[int, dict[bytes, bytes]] = {}
         self.synced: set[int] = set()
-        self.decoded: dict[bytes, StoredUser] = {}
-        """Users decoded since their last write (`ReplicaCache`)."""
-        self.settled: dict[bytes, Settled] = {}
-        """The decoded users' views as of their last read (`Settled`): dropped with them."""
+        self.decoded: dict[bytes, tuple[StoredUser, Settled]] = {}
+        """Users decoded since their last write (`ReplicaCache`), each with its view as of its
+        last read (`Settled`): one entry, so a write drops both."""
 
     def apply(self, message: list[Any]) -> None:
         kind = message[0]
         if kind == STATES:
             values = self.values.setdefault(message[1], {})
-            decoded, settled = self.decoded, self.settled
+            decoded = self.decoded
             for key, value in message[2]:
                 decoded.pop(key, None)
-                settled.pop(key, None)
                 if value is None:
                     values.pop(key, None)
                 else:
@@ -166,7 +164,6 @@ class Replica:
             self.synced.discard(message[1])
             for key in self.values.pop(message[1], {}):
                 self.decoded.pop(key, None)
-                self.settled.pop(key, None)
             if kind == BEGIN:
                 self.values[message[1]] = {}
         elif kind == SYNCED:
@@ -181,21 +178,19 @@ class ReplicaCache:
         self.replica = replica
 
     def peek(self, key: bytes) -> StoredUser | None:
-        return self.replica.decoded.get(key)
+        kept = self.replica.decoded.get(key)
+        return None if kept is None else kept[0]
 
     def keep(self, key: bytes, stored: StoredUser) -> None:
-        replica = self.replica
-        if len(replica.decoded) >= MAX_DECODED:
-            replica.decoded.clear()  # rare: more users read than kept; start again
-            replica.settled.clear()
-        replica.decoded[key] = stored
-        replica.settled.pop(key, None)  # a view of another state of the user is not this one's
+        decoded = self.replica.decoded
+        if len(decoded) >= MAX_DECODED:
+            decoded.clear()  # rare: more users read than kept; start again
+        # A new view with it: a view of another state of the user is not this one's.
+        decoded[key] = (stored, Settled())
 
     def settled(self, key: bytes) -> Settled:
-        settled = self.replica.settled.get(key)
-        if settled is None:
-            settled = self.replica.settled[key] = Settled()
-        return settled
+        kept = self.replica.decoded.get(key)
+        return Settled() if kept is None else kept[1]  # None: not kept, so a view for one read
 
 
 class ReplicaNode:

@@ -144,7 +144,7 @@ def test_a_kept_view_is_dropped_with_its_decoded_state_and_answers_as_predict(
             predict_many(state, at)
         ), at
     replica.apply([STATES, 1, [[b"u", b"newer"]]])
-    assert b"u" not in replica.settled
+    assert b"u" not in replica.decoded
     cache.keep(b"u", user)
     assert cache.settled(b"u") is not settled
     other = cache.settled(b"u")
