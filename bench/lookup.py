@@ -373,6 +373,11 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
                     seconds=args.window,
                 )
                 if row["drained"]:
+                    say(
+                        f"the backlog of {len(events):,} events drained in window {n + 1} of "
+                        f"{args.runs * 2}: the throughput ratio has fewer windows (none: n/a); "
+                        "more --events fill them all"
+                    )
                     break
                 rows["with" if lookups else "without"].append(row)
             deadline = time.monotonic() + 900
@@ -448,13 +453,18 @@ def report(
 ) -> None:
     """Print the markdown tables for BENCHMARKS.md."""
 
-    def pooled(mode: str) -> float:
-        return sum(r["events"] for r in rows[mode]) / sum(r["seconds"] for r in rows[mode])
+    def pooled(mode: str, what: str = "events") -> float | None:
+        """The windows' `what` per second, pooled (None: no window of that kind finished)."""
+        seconds = sum(r["seconds"] for r in rows[mode])
+        return sum(r[what] for r in rows[mode]) / seconds if seconds else None
+
+    def shown(rate: float | None) -> str:
+        return "n/a" if rate is None else f"{rate:,.0f}"
 
     without, with_ = pooled("without"), pooled("with")
-    lookup_rate = sum(r["lookups_per_s"] * r["seconds"] for r in rows["with"]) / sum(
-        r["seconds"] for r in rows["with"]
-    )
+    for row in rows["with"]:
+        row["answered"] = row["lookups_per_s"] * row["seconds"]
+    lookup_rate = pooled("with", "answered")
     runs_without = ", ".join(f"{r['rate']:,.0f}" for r in rows["without"])
     runs_with = ", ".join(f"{r['rate']:,.0f}" for r in rows["with"])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -486,17 +496,18 @@ def report(
         "| events/s per window | pooled |"
     )
     print("|---|---|---:|")
-    print(f"| without lookups | {runs_without} | {without:,.0f} |")
+    print(f"| without lookups | {runs_without or 'none'} | {shown(without)} |")
     how = (
         f"{args.lookup_rate:g} lookups/s on a fixed schedule (open loop)"
         if args.lookup_rate
         else f"{CLIENTS} closed-loop lookup clients"
     )
     print(
-        f"| with {how} ({lookup_rate:,.0f} lookups/s answered, each one "
-        f"forward) | {runs_with} | {with_:,.0f} |"
+        f"| with {how} ({shown(lookup_rate)} lookups/s answered, each one "
+        f"forward) | {runs_with or 'none'} | {shown(with_)} |"
     )
-    print(f"\nthroughput ratio with/without lookups: {with_ / without:.2f}")
+    ratio = "n/a" if with_ is None or not without else f"{with_ / without:.2f}"
+    print(f"\nthroughput ratio with/without lookups: {ratio}")
     latencies = [x for r in rows["with"] for x in r.get("latencies", [])]
     if len(latencies) >= 100:
         p50, p99, top = percentiles(latencies)
