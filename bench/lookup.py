@@ -24,7 +24,9 @@ against a broker this bench starts on free ports (or --broker), on one machine.
    one request at a time: single-user lookups at the owner, single-user lookups through the
    non-owner (one forward), and batches of 100 users all owned by the other worker, through
    the non-owner (one forward per batch), and 100 mixed users.
-   Latency is request sent to response read, in this process. The owners' metrics say how
+   Latency is request sent to response read, in this process; beside it, the answering
+   worker's own time (its `Server-Timing` header), which leaves out the network and the waits
+   for a CPU on both sides. The owners' metrics say how
    many of the users they read came from their decoded-user cache and how many from the table.
 
 The table is printed as markdown for BENCHMARKS.md.
@@ -276,22 +278,36 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
     return q[49] * 1000, q[98] * 1000, ordered[-1] * 1000
 
 
+LatencyRow = tuple[str, tuple[float, float, float], int, tuple[float, float, float]]
+"""A kind of lookup: (what, client p50/p99/max ms, requests, the worker's own p50/p99/max ms)."""
+
+
 async def latency(
     http: ClientSession, urls: list[str], owners: dict[int, str], users: list[str]
-) -> list[tuple[str, tuple[float, float, float], int]]:
-    """(what, (p50, p99, max) in ms, requests) for each kind of lookup, one at a time."""
+) -> list[LatencyRow]:
+    """(what, (p50, p99, max) in ms, requests, the workers' own (p50, p99, max) in ms) for each
+    kind of lookup, one at a time."""
     rng = random.Random(3)
     by_owner: dict[str, list[str]] = {u: [] for u in urls}
     for user in users:
         by_owner[owners[partition_for(user, PARTITIONS)]].append(user)
     rows = []
 
+    server: list[float] = []  # the answering worker's own time (Server-Timing), this kind's
+
     async def timed(method: str, url: str, **kw: Any) -> float:
         started = time.perf_counter()
         async with http.request(method, url, **kw) as response:
             await response.read()
             assert response.status == 200, (url, response.status)
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        server.append(float(response.headers["Server-Timing"].partition(";dur=")[2]) / 1000)
+        return elapsed
+
+    def row(label: str, samples: list[float]) -> LatencyRow:
+        measured = (label, percentiles(samples), len(samples), percentiles(server))
+        server.clear()
+        return measured
 
     for label, forward in (("single user at the owner", False), ("single user, 1 forward", True)):
         samples = []
@@ -300,31 +316,19 @@ async def latency(
             owner = owners[partition_for(user, PARTITIONS)]
             via = other(owner, urls) if forward else owner
             samples.append(await timed("GET", f"{via}/v1/users/{user}"))
-        rows.append((label, percentiles(samples), SINGLE_REQUESTS))
+        rows.append(row(label, samples))
     samples = []
     for n in range(BATCH_REQUESTS):
         owner = urls[n % 2]
         batch = rng.sample(by_owner[owner], BATCH_SIZE)
         url = f"{other(owner, urls)}/v1/lookup"
         samples.append(await timed("POST", url, json={"users": batch}))
-    rows.append(
-        (
-            f"batch of {BATCH_SIZE}, all on the other worker (1 forward)",
-            percentiles(samples),
-            BATCH_REQUESTS,
-        )
-    )
+    rows.append(row(f"batch of {BATCH_SIZE}, all on the other worker (1 forward)", samples))
     samples = []
     for n in range(BATCH_REQUESTS):
         batch = rng.sample(users, BATCH_SIZE)
         samples.append(await timed("POST", f"{urls[n % 2]}/v1/lookup", json={"users": batch}))
-    rows.append(
-        (
-            f"batch of {BATCH_SIZE}, mixed owners (half local, 1 forward)",
-            percentiles(samples),
-            BATCH_REQUESTS,
-        )
-    )
+    rows.append(row(f"batch of {BATCH_SIZE}, mixed owners (half local, 1 forward)", samples))
     return rows
 
 
@@ -444,8 +448,8 @@ def half_rate(rows: dict[str, list[dict[str, Any]]]) -> float:
 def report(
     args: argparse.Namespace,
     rows: dict[str, list[dict[str, Any]]],
-    table: list[tuple[str, tuple[float, float, float], int]],
-    idle: list[tuple[str, tuple[float, float, float], int]],
+    table: list[LatencyRow],
+    idle: list[LatencyRow],
     *,
     offered: float,
     live: float,
@@ -481,14 +485,22 @@ def report(
     print(
         f"| lookup (2 workers; live input offered at {offered:,.0f} events/s, applied "
         f"{live:,.0f}/s) | p50 ms | p99 ms | max ms | requests | idle p50 / p99 ms "
-        "| p99 under load / idle |"
+        "| p99 under load / idle | the worker's own p50 / p99 ms, under load (idle) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for (label, (p50, p99, top), count), (_, (i50, i99, _), _) in zip(table, idle, strict=True):
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (label, (p50, p99, top), count, own), (_, (i50, i99, _), _, idle_own) in zip(
+        table, idle, strict=True
+    ):
         print(
             f"| {label} | {p50:.2f} | {p99:.2f} | {top:.1f} | {count} | {i50:.2f} / {i99:.2f} "
-            f"| {p99 / i99:.1f} |"
+            f"| {p99 / i99:.1f} | {own[0]:.2f} / {own[1]:.2f} ({idle_own[0]:.2f} / "
+            f"{idle_own[1]:.2f}) |"
         )
+    print(
+        "\n(the worker's own: the `Server-Timing` of the worker asked, from its read of the "
+        "request's headers to its answer, forwards included; the rest of a lookup's time is "
+        "the network and the wait for a CPU, of the client's process too)"
+    )
     read = ", ".join(f"{n:,.0f} from the {s}" for s, n in sorted(sources.items()))
     print(f"\nusers read by the owners during the latency phase: {read or 'not reported'}\n")
     print(

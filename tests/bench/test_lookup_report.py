@@ -33,7 +33,7 @@ def window(lookups: bool, events: float, seconds: float) -> dict[str, object]:
     }
 
 
-LATENCY = [("single user at the owner", (1.0, 2.0, 3.0), 100)]
+LATENCY = [("single user at the owner", (1.0, 2.0, 3.0), 100, (0.5, 0.75, 1.0))]
 
 
 @pytest.mark.parametrize("with_windows", [0, 1])
@@ -47,6 +47,7 @@ def test_the_report_prints_what_was_measured(capsys, with_windows: int) -> None:
     report(args(), rows, LATENCY, LATENCY, offered=500.0, live=480.0, sources={})
     out = capsys.readouterr().out
     assert "| single user at the owner | 1.00 | 2.00 |" in out
+    assert "| 0.50 / 0.75 (0.50 / 0.75) |" in out
     if with_windows:
         assert "throughput ratio with/without lookups: 0.75" in out
         assert "(200 lookups/s answered" in out

@@ -1067,3 +1067,18 @@ async def test_a_batch_yields_the_loop_by_time_not_by_count(
             assert response.status == 200
             assert (await response.json())["counts"] == {"unknown": len(users)}
         assert len(yields) == expected
+
+
+async def test_every_answer_says_how_long_the_worker_spent_on_it(pair, http, config) -> None:
+    """`Server-Timing: app;dur=MS` on answers and errors alike, never more than the client's
+    own round trip: a client (and `python -m bench.lookup`) tells the worker's time from the
+    network's and the CPU wait's. A forwarded answer carries the forwarding worker's time."""
+    a, b = pair
+    user = user_on(2)
+    store(b, config, user, some_events(user))
+    for url in (f"{a.url}/v1/users/{user}", f"{b.url}/v1/users/{user}", f"{a.url}/v1/users/%ff"):
+        started = time.perf_counter()
+        status, _, headers = await get(http, url)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        name, _, dur = headers["Server-Timing"].partition(";dur=")
+        assert name == "app" and 0 < float(dur) <= elapsed_ms, (url, status, headers)
