@@ -40,6 +40,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -420,6 +421,10 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
                 worker.stop()
         if broker is not None:
             broker.stop(wipe=True)
+        if args.keep:
+            say(f"kept {base} (the workers' logs and datadirs)")
+        else:  # each run's datadirs and logs: hundreds of MB
+            shutil.rmtree(base, ignore_errors=True)
     report(args, rows, table, idle, offered=live_rate, live=live, sources=sources)
     return 0
 
@@ -555,6 +560,9 @@ def main() -> int:
         type=float,
         help="live input during the latency phase, events/s (default: half the two workers' "
         "rate without lookups, measured first)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the working directory (workers' logs, datadirs)"
     )
     add_worker_env_option(
         parser, "a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0"
