@@ -46,17 +46,23 @@ _GOOD_TIMES = st.sampled_from(
         "9999-12-31T23:59:59.998Z",
     ]
 )
-_ODD_TIMES = st.sampled_from(
-    [
-        "2026-02-30T00:00:00Z",
-        "1969-12-31T23:59:59.999Z",
-        "9999-12-31T23:59:59.999-01:00",
-        "0001-01-01T00:00:00+14:00",
-        "not a time",
-        "x" * 70,
-        "",
-    ]
-) | st.none() | st.integers(-5, 253402300800000) | st.floats() | st.just(True)
+_ODD_TIMES = (
+    st.sampled_from(
+        [
+            "2026-02-30T00:00:00Z",
+            "1969-12-31T23:59:59.999Z",
+            "9999-12-31T23:59:59.999-01:00",
+            "0001-01-01T00:00:00+14:00",
+            "not a time",
+            "x" * 70,
+            "",
+        ]
+    )
+    | st.none()
+    | st.integers(-5, 253402300800000)
+    | st.floats()
+    | st.just(True)
+)
 _FALLBACKS = st.sampled_from([None, 0, -1, 1767600000000, 253402300799999, 2**70, -(2**70), True])
 _FIELDS = (
     ("userId", _GOOD_STRINGS, _ODD_IDS),
