@@ -96,27 +96,24 @@ def test_the_plain_segment_path_decides_as_the_general_one(obj, fallback):
     assert _outcome(obj, fallback) == _general(obj, fallback)
 
 
+_USUAL = {
+    "type": "track",
+    "event": "Plan Upgraded",
+    "userId": "u1",
+    "messageId": "m1",
+    "timestamp": "2026-01-05T09:42:29.946Z",
+    "sentAt": "2026-01-05T09:42:30.521Z",
+}
+
+
 def test_a_record_timestamp_out_of_range_is_no_time_of_receipt():
-    obj = {
-        "type": "page",
-        "userId": "u1",
-        "timestamp": "2026-01-05T09:42:30.521Z",
-        "sentAt": "1970-01-01T00:00:00.001Z",
-    }
+    obj = {**_USUAL, "sentAt": "1970-01-01T00:00:00.001Z"}  # sent long before the event
     for fallback in (-1, 2**70, -(2**70), True, None):
         assert _outcome(obj, fallback) == _general(obj, fallback)
 
 
 def test_the_usual_segment_event_takes_the_plain_path():
-    obj = {
-        "type": "track",
-        "event": "Plan Upgraded",
-        "userId": "u1",
-        "messageId": "m1",
-        "timestamp": "2026-01-05T09:42:29.946Z",
-        "sentAt": "2026-01-05T09:42:30.521Z",
-    }
     for fallback in (None, 1767600000000):
-        event = events._plain_segment(obj, "track", fallback)
+        event = events._plain_segment(_USUAL, "track", fallback)
         assert event is not None
-        assert _outcome(obj, fallback) == _general(obj, fallback) == ("ok", event)
+        assert _outcome(_USUAL, fallback) == _general(_USUAL, fallback) == ("ok", event)
