@@ -84,6 +84,11 @@ def settle_expired(
     window = config.attribution_ms
     if not intent.pending or window is None:
         return intent
+    for held in intent.pending:
+        if before > held.closed_at + window:
+            break
+    else:
+        return intent  # the usual case: every window is still open
     keep: list[PendingEpisode] = []
     for held in intent.pending:
         ends = held.closed_at + window

@@ -96,7 +96,7 @@ def _on_signal(
     """Add e = effective weight / n to α (or |e| to β), n = the signal's repeat count."""
     intent_config = config.intents[name]
     repeat = intent.seen.get(signal, 0) + 1
-    *_, weight = effective_weight(intent, intent_config, config.learning, signal, at)
+    weight = effective_weight(intent, intent_config, config.learning, signal, at)[3]
     amount = weight / repeat
     seen = dict(intent.seen)
     seen[signal] = repeat
