@@ -102,7 +102,8 @@ def apply_event(state: EngineState, event: Event) -> Step:
     if touched is None:  # most events: no intent's prediction can change
         return Step(event, at, transition.state, {}, transition.closed)
     before = predict_settled(view, at, touched)
-    wiped = {name: before[name] for name in config.outcome_index.get(event.name, ())}
+    outcome_of = config.outcome_index.get(event.name)
+    wiped = {name: before[name] for name in outcome_of} if outcome_of else {}
     # The next state is as of `at` already (its clock is `at`, the held episodes settled).
     predictions = _changed(before, predict_settled(transition.state, at, touched))
     return Step(event, at, transition.state, predictions, transition.closed, wiped)
