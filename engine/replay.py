@@ -98,15 +98,15 @@ def apply_event(state: EngineState, event: Event) -> Step:
     # what the event applies to: brought there once (an idle gap's close is the costly part).
     timed_out = close_timed_out(state, at)
     view = settle(timed_out.state, at)
-    transition = observe_settled(view, event.name, at, timed_out)
+    after = observe_settled(view, event.name, at)
     if touched is None:  # most events: no intent's prediction can change
-        return Step(event, at, transition.state, {}, transition.closed)
+        return Step(event, at, after, {}, timed_out.closed)
     before = predict_settled(view, at, touched)
     outcome_of = config.outcome_index.get(event.name)
     wiped = {name: before[name] for name in outcome_of} if outcome_of else {}
     # The next state is as of `at` already (its clock is `at`, the held episodes settled).
-    predictions = _changed(before, predict_settled(transition.state, at, touched))
-    return Step(event, at, transition.state, predictions, transition.closed, wiped)
+    predictions = _changed(before, predict_settled(after, at, touched))
+    return Step(event, at, after, predictions, timed_out.closed, wiped)
 
 
 def _predictions(state: EngineState, intents: tuple[str, ...], at: int) -> dict[str, Prediction]:
