@@ -71,13 +71,13 @@ Judgement = tuple[Iterable[str], float, int]
 
 
 def judge_all(
-    intent: IntentState, verdicts: Iterable[Judgement], half_life_ms: int | None
+    intent: IntentState, judgements: Iterable[Judgement], half_life_ms: int | None
 ) -> IntentState:
-    """`judge` each of `verdicts` in order, building the intent once instead of once each:
+    """`judge` each of `judgements` in order, building the intent once instead of once each:
     the same additions in the same order (an outcome credits up to 32 held episodes)."""
     learned = dict(intent.learned)
     episodes = intent.episodes
-    for signals, hit, at in verdicts:
+    for signals, hit, at in judgements:
         miss = 1.0 - hit
         for signal in signals:
             record = learned.get(signal)
@@ -132,9 +132,10 @@ def credit_pending(
     Monday signal's credit for a Thursday outcome equals the fraction of its weight the
     engine still counts toward p on Thursday.
     """
-    half_life = config.half_life_ms
+    evidence_half_life = config.half_life_ms
     shares = [
-        (held.signals, decay_factor(at - held.closed_at, half_life), at) for held in intent.pending
+        (held.signals, decay_factor(at - held.closed_at, evidence_half_life), at)
+        for held in intent.pending
     ]
     return _replace_pending(judge_all(intent, shares, half_life_ms), [])
 
