@@ -128,8 +128,9 @@ class IntentConfig:
 class EngineConfig:
     """The validated config. Build it with `EngineConfig.from_dict`.
 
-    `signal_index` and `outcome_index` are derived lookups for `observe`'s hot path; they are
-    not part of equality.
+    `signal_index`, `outcome_index`, `touched_index` and `attribution_intents` are derived
+    lookups for the per-event path (built once here: the config never changes); they are not
+    part of equality.
     """
 
     intents: Mapping[str, IntentConfig]
@@ -147,6 +148,13 @@ class EngineConfig:
     """Event name -> intents that list it as a signal (and not as their outcome)."""
     outcome_index: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
     """Event name -> intents whose outcome it is."""
+    touched_index: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
+    """Event name -> the intents whose prediction it can change: its `outcome_index` intents,
+    then its `signal_index` ones not already listed."""
+    attribution_intents: tuple[tuple[str, IntentConfig], ...] = field(
+        init=False, compare=False, repr=False
+    )
+    """(name, config) of each intent with `attribution`: the only ones that hold episodes."""
 
     # Pickling: see LearningConfig.
     def __getstate__(self) -> list[object]:
@@ -168,6 +176,17 @@ class EngineConfig:
                     signal_index.setdefault(signal, []).append(name)
         object.__setattr__(self, "signal_index", {k: tuple(v) for k, v in signal_index.items()})
         object.__setattr__(self, "outcome_index", {k: tuple(v) for k, v in outcome_index.items()})
+        touched = {
+            name: tuple(dict.fromkeys((*outcome_index.get(name, ()), *signal_index.get(name, ()))))
+            for name in (*outcome_index, *signal_index)
+        }
+        object.__setattr__(self, "touched_index", touched)
+        attribution = tuple(
+            (name, intent)
+            for name, intent in self.intents.items()
+            if intent.attribution_ms is not None
+        )
+        object.__setattr__(self, "attribution_intents", attribution)
 
     @classmethod
     def from_dict(cls, obj: object) -> EngineConfig:

@@ -85,11 +85,12 @@ def settle(state: EngineState, before: int) -> EngineState:
     """Turn every held episode whose attribution window ended before `before` into a miss."""
     half_life = state.config.learning.half_life_ms
     changed: dict[str, IntentState] | None = None
-    for name, intent in state.intents.items():
-        if not intent.pending:
-            continue
-        config = state.config.intents.get(name)
-        if config is None:
+    intents = state.intents
+    # Only intents with attribution hold episodes (`settle_expired` leaves any other as is),
+    # and each intent settles on its own, so the order they are visited in does not matter.
+    for name, config in state.config.attribution_intents:
+        intent = intents.get(name)
+        if intent is None or not intent.pending:
             continue
         settled = settle_expired(intent, config, before, half_life)
         if settled is not intent:

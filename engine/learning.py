@@ -63,13 +63,27 @@ def judge(
     `hit` is 1 for an episode with the outcome, 0 for one without, and the attribution share
     c in between for a held episode when the outcome arrives.
     """
-    miss = 1.0 - hit
+    return judge_all(intent, ((signals, hit, at),), half_life_ms)
+
+
+Judgement = tuple[Iterable[str], float, int]
+"""One episode to record: (its signals, its share of a hit, when)."""
+
+
+def judge_all(
+    intent: IntentState, judgements: Iterable[Judgement], half_life_ms: int | None
+) -> IntentState:
+    """`judge` each of `judgements` in order, building the intent once instead of once each:
+    the same additions in the same order (an outcome credits up to 32 held episodes)."""
     learned = dict(intent.learned)
-    for signal in signals:
-        record = learned.get(signal)
-        if record is not None:  # a signal pruned from the config learns nothing
-            learned[signal] = add_counts(record, hit, miss, at, half_life_ms)
-    episodes = add_counts(intent.episodes, hit, miss, at, half_life_ms)
+    episodes = intent.episodes
+    for signals, hit, at in judgements:
+        miss = 1.0 - hit
+        for signal in signals:
+            record = learned.get(signal)
+            if record is not None:  # a signal pruned from the config learns nothing
+                learned[signal] = add_counts(record, hit, miss, at, half_life_ms)
+        episodes = add_counts(episodes, hit, miss, at, half_life_ms)
     return _replace_counts(intent, episodes, learned)
 
 
@@ -84,16 +98,20 @@ def settle_expired(
     window = config.attribution_ms
     if not intent.pending or window is None:
         return intent
+    for held in intent.pending:
+        if before > held.closed_at + window:
+            break
+    else:
+        return intent  # the usual case: every window is still open
     keep: list[PendingEpisode] = []
+    misses: list[Judgement] = []
     for held in intent.pending:
         ends = held.closed_at + window
         if before > ends:
-            intent = judge(intent, held.signals, 0.0, ends, half_life_ms)
+            misses.append((held.signals, 0.0, ends))
         else:
             keep.append(held)
-    if len(keep) == len(intent.pending):
-        return intent
-    return _replace_pending(intent, keep)
+    return _replace_pending(judge_all(intent, misses, half_life_ms), keep)
 
 
 def hold(intent: IntentState, episode: PendingEpisode, half_life_ms: int | None) -> IntentState:
@@ -114,10 +132,12 @@ def credit_pending(
     Monday signal's credit for a Thursday outcome equals the fraction of its weight the
     engine still counts toward p on Thursday.
     """
-    for held in intent.pending:
-        share = decay_factor(at - held.closed_at, config.half_life_ms)
-        intent = judge(intent, held.signals, share, at, half_life_ms)
-    return _replace_pending(intent, [])
+    evidence_half_life = config.half_life_ms
+    shares = [
+        (held.signals, decay_factor(at - held.closed_at, evidence_half_life), at)
+        for held in intent.pending
+    ]
+    return _replace_pending(judge_all(intent, shares, half_life_ms), [])
 
 
 def effective_weight(
@@ -132,8 +152,13 @@ def effective_weight(
     record = intent.learned.get(signal)
     if config.outcome is None or record is None:
         return 0.0, 0.0, 0.0, initial  # an intent without an outcome never learns
-    hits, misses = counts_at(record, at, learning.half_life_ms)
-    outcomes, without = counts_at(intent.episodes, at, learning.half_life_ms)
+    # `counts_at` of both records, written out (this runs on every signal event).
+    half_life = learning.half_life_ms
+    factor = decay_factor(at - record.at, half_life)
+    hits, misses = record.hits * factor, record.misses * factor
+    base = intent.episodes
+    factor = decay_factor(at - base.at, half_life)
+    outcomes, without = base.hits * factor, base.misses * factor
     n_with = hits + misses
     if n_with <= 0.0:
         return 0.0, 0.0, 0.0, initial

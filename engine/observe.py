@@ -45,13 +45,13 @@ def observe_transition(state: EngineState, name: str, at: int) -> Transition:
         raise InvalidEventError(msg)
     at = clamp_time(state, at)
     timed_out = close_timed_out(state, at)
-    return observe_settled(settle(timed_out.state, at), name, at, timed_out)
+    return Transition(observe_settled(settle(timed_out.state, at), name, at), timed_out.closed)
 
 
-def observe_settled(state: EngineState, name: str, at: int, timed_out: Transition) -> Transition:
-    """Step 3 of `observe_transition`, on `state` already brought to `at` (steps 1 and 2:
-    `timed_out` closed the episode that timed out, and held episodes are settled), with `at`
-    no earlier than the state's clock. For a caller that reads the state as of `at` too."""
+def observe_settled(state: EngineState, name: str, at: int) -> EngineState:
+    """Step 3 of `observe_transition`, on `state` already brought to `at` (steps 1 and 2: the
+    episode that timed out closed, held episodes settled), with `at` no earlier than the
+    state's clock: the next state. For a caller that reads the state as of `at` too."""
     episode = state.episode
     started = episode.started_at if episode.started_at is not None else at
     config = state.config
@@ -67,8 +67,7 @@ def observe_settled(state: EngineState, name: str, at: int, timed_out: Transitio
                 intents[intent_name] = _on_signal(
                     intents[intent_name], config, intent_name, name, at
                 )
-    next_state = EngineState(config, EpisodeState(started, at), intents, at)
-    return Transition(next_state, timed_out.closed)
+    return EngineState(config, EpisodeState(started, at), intents, at)
 
 
 def _on_outcome(intent: IntentState, config: EngineConfig, name: str, at: int) -> IntentState:
@@ -96,7 +95,7 @@ def _on_signal(
     """Add e = effective weight / n to α (or |e| to β), n = the signal's repeat count."""
     intent_config = config.intents[name]
     repeat = intent.seen.get(signal, 0) + 1
-    *_, weight = effective_weight(intent, intent_config, config.learning, signal, at)
+    weight = effective_weight(intent, intent_config, config.learning, signal, at)[3]
     amount = weight / repeat
     seen = dict(intent.seen)
     seen[signal] = repeat

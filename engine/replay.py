@@ -87,27 +87,26 @@ def apply_event(state: EngineState, event: Event) -> Step:
             msg = "a revealed command needs the intent that was shown"
             raise InvalidEventError(msg)
         after = mark_revealed(state, event.intent, at)
-        touched: tuple[str, ...] = (event.intent,)
-        before = _predictions(state, touched, at)
-        return Step(event, at, after, _changed(before, _predictions(after, touched, at)))
+        shown = (event.intent,)
+        before = _predictions(state, shown, at)
+        return Step(event, at, after, _changed(before, _predictions(after, shown, at)))
     if not isinstance(event.name, str) or not event.name:
         msg = "an event needs a name (a non-empty string)"
         raise InvalidEventError(msg)
-    outcome_of = config.outcome_index.get(event.name, ())
-    signal_of = config.signal_index.get(event.name, ())
+    touched = config.touched_index.get(event.name)
     # The state as of `at` is both what the predictions before the event are read from and
     # what the event applies to: brought there once (an idle gap's close is the costly part).
     timed_out = close_timed_out(state, at)
     view = settle(timed_out.state, at)
-    transition = observe_settled(view, event.name, at, timed_out)
-    if not outcome_of and not signal_of:  # most events: no intent's prediction can change
-        return Step(event, at, transition.state, {}, transition.closed)
-    touched = tuple(dict.fromkeys((*outcome_of, *signal_of)))
+    after = observe_settled(view, event.name, at)
+    if touched is None:  # most events: no intent's prediction can change
+        return Step(event, at, after, {}, timed_out.closed)
     before = predict_settled(view, at, touched)
-    wiped = {name: before[name] for name in outcome_of}
+    outcome_of = config.outcome_index.get(event.name)
+    wiped = {name: before[name] for name in outcome_of} if outcome_of else {}
     # The next state is as of `at` already (its clock is `at`, the held episodes settled).
-    predictions = _changed(before, predict_settled(transition.state, at, touched))
-    return Step(event, at, transition.state, predictions, transition.closed, wiped)
+    predictions = _changed(before, predict_settled(after, at, touched))
+    return Step(event, at, after, predictions, timed_out.closed, wiped)
 
 
 def _predictions(state: EngineState, intents: tuple[str, ...], at: int) -> dict[str, Prediction]:

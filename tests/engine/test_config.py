@@ -183,6 +183,8 @@ def test_a_config_survives_pickle():
     assert copy == config
     assert copy.signal_index == config.signal_index
     assert copy.outcome_index == config.outcome_index
+    assert copy.touched_index == config.touched_index
+    assert copy.attribution_intents == config.attribution_intents
     assert copy.warnings == config.warnings
 
 
@@ -211,6 +213,34 @@ def test_outcome_listed_as_a_signal_warns_once_and_is_allowed(caplog):
     assert "intents.x.outcome: 'buy' is also one of this intent's signals" in caplog.text
     assert config.signal_index == {"cart": ("x",)}
     assert config.outcome_index == {"buy": ("x",)}
+
+
+def test_the_per_event_lookups_match_the_intents():
+    """`touched_index` and `attribution_intents`, built once per config for the per-event
+    path, say what a walk over the intents says: an event touches the intents whose outcome
+    it is, then those that list it as a signal (not their own outcome), each once."""
+    config = EngineConfig.from_dict(
+        {
+            "intents": {
+                "a": {"signals": {"buy": 1, "cart": 1}, "outcome": "buy", "attribution": "1d"},
+                "b": {"signals": {"buy": 2, "cart": -1, "view": 1}, "outcome": "cart"},
+                "c": {"signals": {"view": 1}},
+                "d": {"signals": {"cart": 1}, "outcome": "buy", "attribution": "2h"},
+            }
+        }
+    )
+    expected: dict[str, tuple[str, ...]] = {}
+    for event in ("buy", "cart", "view", "other"):
+        outcomes = [n for n, i in config.intents.items() if i.outcome == event]
+        signals = [
+            n for n, i in config.intents.items() if event in i.signals and i.outcome != event
+        ]
+        touched = tuple(dict.fromkeys(outcomes + signals))
+        if touched:
+            expected[event] = touched
+    assert config.touched_index == expected
+    assert expected == {"buy": ("a", "d", "b"), "cart": ("b", "a", "d"), "view": ("b", "c")}
+    assert config.attribution_intents == (("a", config.intents["a"]), ("d", config.intents["d"]))
 
 
 def _with_duration(key: str, value: str) -> dict[str, object]:

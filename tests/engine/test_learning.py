@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine import (
     EngineConfig,
@@ -16,9 +18,9 @@ from engine import (
     predict,
     serialize,
 )
-from engine.learning import add_counts, decay_factor
+from engine.learning import add_counts, decay_factor, judge_all
 from engine.lift import LIFT_MEASURES, blend
-from engine.state import SignalRecord
+from engine.state import IntentState, SignalRecord
 
 DAY = 86_400_000
 
@@ -77,3 +79,42 @@ def test_the_blend_is_unchanged_where_it_does_not_overflow():
     for k in (0.5, 10.0, 1e6, 1e300):
         assert blend(3.0, 5.5, 2.5, k) == (k * 3.0 + 2.5 * 5.5) / (k + 2.5)
     assert blend(1e6, 2e12, 4.0, 1e308) == pytest.approx(1e6, rel=1e-12)
+
+
+_SIGNALS = ("a", "b", "c")
+_amounts = st.floats(min_value=0.0, max_value=1e6)
+_times = st.integers(min_value=0, max_value=400 * DAY)
+_records = st.builds(SignalRecord, _amounts, _amounts, _times)
+
+
+@given(
+    learned=st.dictionaries(st.sampled_from(_SIGNALS), _records),
+    base=_records,
+    verdicts=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from((*_SIGNALS, "pruned")), max_size=4),
+            st.sampled_from([0.0, 1.0]) | st.floats(min_value=0.0, max_value=1.0),
+            _times,
+        ),
+        max_size=6,
+    ),
+    half_life=st.sampled_from([None, 1, 7 * DAY]),
+)
+def test_judging_several_episodes_at_once_is_judging_them_one_by_one(
+    learned, base, verdicts, half_life
+):
+    """`judge_all` (an outcome crediting its held episodes, expired windows settling) builds
+    the intent once; each count must still be the one the episodes judged one after the other
+    give, to the last bit: the reference below is the one-at-a-time code it replaced."""
+    intent = IntentState(base, learned)
+    expected = intent
+    for signals, hit, at in verdicts:
+        counts = dict(expected.learned)
+        for signal in signals:
+            if signal in counts:
+                counts[signal] = add_counts(counts[signal], hit, 1.0 - hit, at, half_life)
+        episodes = add_counts(expected.episodes, hit, 1.0 - hit, at, half_life)
+        expected = IntentState(episodes, counts)
+    judged = judge_all(intent, verdicts, half_life)
+    assert judged == expected
+    assert intent == IntentState(base, learned)  # the input is left as it was
