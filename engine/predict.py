@@ -171,7 +171,9 @@ def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[
     for name in intents:
         # Not `_intent_config` for every name: a str key found in `configs` is declared.
         config = configs.get(name) if type(name) is str else None
-        predictions[name] = _prediction(states[name], config or _intent_config(view, name), at)
+        if config is None:
+            config = _intent_config(view, name)  # raises UnknownIntentError, as documented
+        predictions[name] = _prediction(states[name], config, at)
     return predictions
 
 

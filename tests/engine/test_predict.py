@@ -21,6 +21,7 @@ from engine import (
 )
 from engine.durations import MAX_DURATION_MS, MAX_TIME_MS
 from engine.errors import InvalidEventError, InvalidTimeError
+from engine.predict import predict_settled
 from tests.engine.helpers import DAY, MINUTE, MONDAY_10, QUICKSTART, WEEK, config
 
 T0 = 1_767_261_600_000  # SPEC's example timestamp
@@ -252,6 +253,16 @@ def test_an_intent_that_is_not_a_string_is_an_unknown_intent():
             call(state, ["u"], T0)
     with pytest.raises(UnknownIntentError):
         predict_many(state, T0, [["u"]])
+
+
+def test_predict_settled_names_an_undeclared_intent_as_predict_many_does() -> None:
+    """It read the state's intent before the config, so a name not declared was a KeyError
+    instead of its documented UnknownIntentError."""
+    state = create_state(config({"u": QUICKSTART}))
+    for names in (["nope"], ["u", "nope"], [["u"]]):
+        with pytest.raises(UnknownIntentError, match="unknown intent"):
+            predict_settled(state, T0, names)
+    assert predict_settled(state, T0, ["u"]) == predict_many(state, T0, ["u"])
 
 
 def test_an_event_name_that_is_not_unicode_text_is_an_unknown_name_and_serializes():
