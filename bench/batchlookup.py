@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import hashlib
 import json
 import pstats
 import random
@@ -33,12 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.synthetic import clickstream
+from bench.workers import CONFIG
 from engine import Replayer
 from schemas.config import load_config
 from schemas.stored import StoredUser, encode_stored
 from streams.lookup.api import Api, _Handlers
 from streams.lookup.replica import Replica, ReplicaCache
-from streams.lookup.serving import PartitionView, partition_for
+from streams.lookup.serving import PartitionView, Role, partition_for
 
 PARTITIONS = 8
 OWNER = "http://127.0.0.1:1"
@@ -59,7 +62,7 @@ class MemoryNode:
     counters: dict[str, int] = field(default_factory=dict)
 
     def view(self, partition: int) -> PartitionView:
-        local = "active" if self.owner == self.me else None
+        local: Role | None = "active" if self.owner == self.me else None
         return PartitionView(local, False, self.owner, self.me)
 
     def get(self, partition: int, key: bytes) -> bytes | None:
@@ -80,10 +83,10 @@ class Request:
         return self.body
 
 
-def replica_of(config: Any, users: int, events: int, seed: int = 7) -> tuple[Replica, list[str], int]:
+def replica_of(
+    config: Any, users: int, events: int, seed: int = 7
+) -> tuple[Replica, list[str], int]:
     """A replica holding `users` users' stored values; their ids; the last event's time."""
-    from bench.synthetic import clickstream
-
     stream = clickstream(config, events, users, seed=seed)
     replayer = Replayer(config)
     for event in stream:
@@ -98,12 +101,15 @@ def replica_of(config: Any, users: int, events: int, seed: int = 7) -> tuple[Rep
 
 
 def handlers(config: Any, replica: Replica, me: str, owner: str, at: int) -> _Handlers:
-    api = Api(MemoryNode(config, replica, me, owner), cache=ReplicaCache(replica))
+    node = MemoryNode(config, replica, me, owner)  # what a batch uses of a `Node`, no more
+    api = Api(node, cache=ReplicaCache(replica))  # type: ignore[arg-type]
     api.clock = lambda: at
     return _Handlers(api)
 
 
-async def lookup(handler: _Handlers, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+async def lookup(
+    handler: _Handlers, body: bytes, headers: Mapping[str, str] | None = None
+) -> bytes:
     """One `POST /v1/lookup` through the handler; the response's body."""
     response = await handler.batch(Request(body, headers or {}))  # type: ignore[arg-type]
     assert response.status == 200, response.body
@@ -114,7 +120,7 @@ def batch_request(users: list[str]) -> bytes:
     return json.dumps({"users": users}).encode()
 
 
-async def measure(args: argparse.Namespace) -> dict[str, float]:
+async def measure(args: argparse.Namespace) -> tuple[dict[str, float], str]:
     config = load_config(args.config)
     replica, users, last = replica_of(config, args.users, args.events)
     at = last + HOUR_MS
@@ -123,6 +129,7 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(args.seed)
     cpu: dict[str, list[float]] = {"owner, cold": [], "owner, warm": [], "forwarding": []}
     profile = cProfile.Profile()
+    answers = hashlib.sha256()  # of every answer: the same on two versions, the same bytes
 
     async def timed(case: str, handler: _Handlers, body: bytes) -> bytes:
         started = time.process_time()
@@ -137,21 +144,21 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         body = batch_request(rng.sample(users, args.size))
         replica.decoded.clear()
         answer = await timed("owner, cold", owner, body)
+        answers.update(answer)
         assert await timed("owner, warm", owner, body) == answer
 
         async def hop(*_: Any, payload: bytes = answer) -> tuple[int, bytes, dict[str, str]]:
             return 200, payload, {}
 
-        forwarder._forward = hop  # type: ignore[method-assign]
+        forwarder._forward = hop  # type: ignore[method-assign,assignment]
         assert await timed("forwarding", forwarder, body) == answer
     if args.profile:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
-    return {case: statistics.median(times) * 1000 for case, times in cpu.items()}
+    medians = {case: statistics.median(times) * 1000 for case, times in cpu.items()}
+    return medians, answers.hexdigest()
 
 
 def main() -> int:
-    from bench.workers import CONFIG
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--users", type=int, default=10_000)
@@ -161,12 +168,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=int, default=0, help="print the top N of a cProfile")
     parser.add_argument(
-        "--profile-case", default="owner, cold", choices=["owner, cold", "owner, warm", "forwarding"]
+        "--profile-case",
+        default="owner, cold",
+        choices=["owner, cold", "owner, warm", "forwarding"],
     )
     args = parser.parse_args()
-    medians = asyncio.run(measure(args))
+    medians, digest = asyncio.run(measure(args))
     for case, ms in medians.items():
         print(f"{case}: {ms:.3f} ms CPU per batch of {args.size} (median of {args.batches})")
+    print(f"answers: sha256 {digest}")
     return 0
 
 

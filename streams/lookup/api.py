@@ -73,6 +73,7 @@ from streams.lookup.serving import (
     Settled,
     UserRead,
     answer,
+    answer_json,
     batch_body,
     batch_counts,
     check_intents,
@@ -249,6 +250,11 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
         content_type="application/json",
         headers=headers,
     )
+
+
+def _answer(body: dict[str, Any]) -> web.Response:
+    """A lookup's 200 answer: the bytes `_json` would write (`answer_json`), sooner."""
+    return web.Response(body=answer_json(body), content_type="application/json", charset="utf-8")
 
 
 def _error_response(exc: ApiError) -> web.Response:
@@ -464,7 +470,7 @@ class _Handlers:
                 with_explain=with_explain,
             )
             status = "found" if body["known"] else "unknown"
-            return _json(body)
+            return _answer(body)
         except ApiError as exc:
             if exc.status == 504:
                 status = "timeout"
@@ -662,7 +668,7 @@ class _Handlers:
             final = [r if r is not None else {"status": "unavailable"} for r in results]
             for result in final:
                 statuses[result["status"]] = statuses.get(result["status"], 0) + 1
-            return _json(batch_body(at, statuses, final))
+            return _answer(batch_body(at, statuses, final))
         except ApiError:
             statuses["invalid"] = 1
             raise

@@ -1,0 +1,128 @@
+"""`answer_json` writes the bytes `json.dumps` writes: floats, escapes, whole batch answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
+from schemas.config import load_config
+from streams.lookup.serving import answer_json
+from tests.streams.test_cli_replay import CONFIG
+
+
+def dumps(body: Any) -> bytes:
+    """What the API wrote before `answer_json`."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+EDGE_FLOATS = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.1,
+    1 / 3,
+    5e-324,
+    2.2250738585072014e-308,
+    1.7976931348623157e308,
+    1e-4,
+    9.999999999999999e-05,
+    0.00010000000000000002,
+    1e-5,
+    2.5e-05,
+    -3.3e-07,
+    1e15,
+    9999999999999998.0,
+    1e16,
+    1.0000000000000002e16,
+    123456789012345678.0,
+    1e21,
+    1e22,
+    -1e300,
+    0.5,
+    0.999999999999,
+]
+
+
+def random_floats(n: int, seed: int) -> list[float]:
+    """Random bit patterns (every exponent) and probabilities at every scale, NaN-free."""
+    rng = random.Random(seed)
+    out: list[float] = []
+    while len(out) < n:
+        bits = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        if math.isfinite(bits):
+            out.append(bits)
+        out.append(rng.random() * 10.0 ** rng.randint(-12, 20) * rng.choice((1, -1)))
+    return out
+
+
+def test_floats_are_written_as_repr_writes_them() -> None:
+    for value in EDGE_FLOATS + random_floats(20_000, seed=3):
+        body = {"p": value, "xs": [value, -value]}
+        assert answer_json(body) == dumps(body), value
+    assert answer_json({"many": EDGE_FLOATS}) == dumps({"many": EDGE_FLOATS})
+
+
+TEXTS = [
+    "".join(map(chr, range(128))),
+    "ü@example.com",
+    "é\u2028\u2029\ufeff",
+    "\U0001f600 astral",
+    "user,1e5",
+    "a:1e-7",
+    "0.0000",
+    '"quoted" \\ back/slash',
+    "",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_text_is_escaped_as_json_dumps_escapes_it(text: str) -> None:
+    body = {"user": text, text: [text, 1.5e-05 if "e" in text else 0.25], "n": None, "b": True}
+    assert answer_json(body) == dumps(body)
+    assert answer_json(body).isascii()
+
+
+def test_what_msgspec_cannot_write_goes_to_json_dumps() -> None:
+    for body in ({"user": "\ud800"}, {"big": 2**80, "t": (1, 2)}, {1: "int key"}):
+        assert answer_json(body) == dumps(body)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # as json.dumps: no NaN
+        answer_json({"p": math.inf, "s": "\ud800"})
+
+
+ODD_USERS = ["ü@example.com", "a,1e5", "\U0001f600", "x\u007fy", ".", "tab\there", 'q"uote']
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_batch_answers_through_the_handler_are_json_dumps_bytes(explain: bool) -> None:
+    """Whole batch answers (generated users, odd ids, intent subsets, read times, with and
+    without explanations) are byte for byte what json.dumps writes for the same answer."""
+    config = load_config(CONFIG)
+    replica, users, last = replica_of(config, 300, 6000)
+    rng = random.Random(5)
+    intents = sorted(config.intents)
+    for at in (last - 600_000, last, last + 3_600_000, last + 90 * 24 * 3_600_000):
+        owner = handlers(config, replica, OWNER, OWNER, at)
+        for _ in range(8):
+            odd = [u for u in ODD_USERS if rng.random() < 0.4]  # "a,1e5" makes it json.dumps
+            chosen: list[Any] = [*rng.sample(users, 40), *odd]
+            chosen = [
+                {"user": u, "intents": rng.sample(intents, rng.randint(1, len(intents)))}
+                if rng.random() < 0.3
+                else u
+                for u in chosen
+            ]
+            request = {"users": chosen, "explain": explain}
+            if rng.random() < 0.5:
+                request["at"] = at
+            got = asyncio.run(lookup(owner, json.dumps(request).encode()))
+            assert got == dumps(json.loads(got))
+            assert len(json.loads(got)["results"]) == len(chosen)
+    assert asyncio.run(lookup(owner, batch_request(users[:3])))
