@@ -555,6 +555,34 @@ def check_peer_answer(payload: bytes, user: str, partition: int) -> dict[str, An
     return body
 
 
+class _PeerResult(msgspec.Struct):
+    user: str  # the one field read; the others are skipped (their JSON syntax still checked)
+
+
+class _PeerBatch(msgspec.Struct):
+    results: list[_PeerResult]
+
+
+_PEER_BATCH: Final = msgspec.json.Decoder(_PeerBatch)
+
+
+def is_peer_batch_for(payload: bytes, users: Sequence[str]) -> bool:
+    """True when another worker's batch answer is certainly one `check_peer_batch` accepts for
+    `users`: JSON, its results one object per user, in order, each with that `user` (read by
+    msgspec, 3x faster than json.loads, without building the results). False: not sure (not
+    ASCII, as every answer `answer_json` writes is, or anything msgspec refuses that json may
+    take, such as NaN): then `check_peer_batch` decides. Duplicate keys: the last, as json."""
+    if not payload.isascii():
+        return False
+    try:
+        results = _PEER_BATCH.decode(payload).results
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return len(results) == len(users) and all(
+        result.user == user for result, user in zip(results, users, strict=True)
+    )
+
+
 def check_peer_batch(payload: bytes, users: Sequence[str]) -> list[dict[str, Any]]:
     """Another worker's 200 batch answer for `users`, in order: its results, else
     PeerAnswerError."""

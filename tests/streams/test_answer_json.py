@@ -13,7 +13,12 @@ import pytest
 
 from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
 from schemas.config import load_config
-from streams.lookup.serving import answer_json
+from streams.lookup.serving import (
+    PeerAnswerError,
+    answer_json,
+    check_peer_batch,
+    is_peer_batch_for,
+)
 from tests.streams.test_cli_replay import CONFIG
 
 
@@ -126,3 +131,45 @@ def test_batch_answers_through_the_handler_are_json_dumps_bytes(explain: bool) -
             assert got == dumps(json.loads(got))
             assert len(json.loads(got)["results"]) == len(chosen)
     assert asyncio.run(lookup(owner, batch_request(users[:3])))
+
+
+def peer_payloads(users: list[str]) -> list[bytes]:
+    """A batch answer for `users`, and ways another worker could get it wrong."""
+    good = {"at": 5, "counts": {"found": len(users)}, "results": [{"user": u} for u in users]}
+    wrong = [
+        {**good, "results": good["results"][:-1]},
+        {**good, "results": [*good["results"][:-1], {"user": "mallory"}]},
+        {**good, "results": [*good["results"][:-1], {"users": users[-1]}]},
+        {**good, "results": [*good["results"][:-1], {"user": [users[-1]]}]},
+        {**good, "results": [*good["results"][:-1], [users[-1]]]},
+        {**good, "results": {"user": users[0]}},
+        {"at": 5, "counts": {}},
+        good["results"],
+    ]
+    payloads = [dumps(good), *map(dumps, wrong)]
+    text = dumps(good).decode()
+    last = json.dumps(users[-1])
+    payloads += [
+        text.replace(f'"user":{last}', f'"user":{last},"user":"mallory"').encode(),  # last wins
+        text.replace(f'"user":{last}', f'"user":"mallory","user":{last}').encode(),
+        text.replace('"at":5', '"at":NaN').encode(),
+        (text + " x").encode(),
+        text.encode("utf-16"),
+        text.replace("}]}", '}],"deep":' + "[" * 5000 + "]" * 5000 + "}").encode(),
+        json.dumps(good, ensure_ascii=False).encode(),
+        b"",
+    ]
+    return payloads
+
+
+@pytest.mark.parametrize("users", [["a", "b", "c"], ["ü@example.com", "a,1e5", '"q"'], ["x"]])
+def test_the_quick_peer_check_accepts_only_what_the_full_check_accepts(users: list[str]) -> None:
+    for n, payload in enumerate(peer_payloads(users)):
+        try:
+            check_peer_batch(payload, users)
+        except PeerAnswerError:
+            accepted = False
+        else:
+            accepted = True
+        assert not is_peer_batch_for(payload, users) or accepted, (n, payload[:200])
+    assert is_peer_batch_for(peer_payloads(users)[0], users)  # a right answer: the quick path
