@@ -493,6 +493,7 @@ class _Handlers:
         intents: list[str] | None,
         at: int,
         with_explain: bool,
+        with_status: bool = False,
     ) -> dict[str, Any]:
         """Answer from this worker's copy of the partition (one user read)."""
         return answer(
@@ -504,6 +505,7 @@ class _Handlers:
             served_by={"worker": self.node.me, "role": decision.role},
             config_id=self.config_id,
             app_id=self.api.app_id,
+            with_status=with_status,
         )
 
     def _read(self, user: str, partition: int, decision: Route, *, settling: bool) -> UserRead:
@@ -704,12 +706,13 @@ class _Handlers:
                     intents=item.intents,
                     at=at,
                     with_explain=batch.explain,
+                    with_status=True,
                 )
             except ApiError as exc:  # this user only: the others are answered
                 status = "unavailable" if exc.status == 503 else "error"
                 results[n] = {**_unavailable(item, partition, exc.message), "status": status}
                 continue
-            results[n] = {"status": "found" if body["known"] else "unknown", **body}
+            results[n] = body
             if time.perf_counter() - resumed >= YIELD_AFTER_S:
                 await _yield()  # never hold the loop for a whole batch
                 resumed = time.perf_counter()

@@ -13,11 +13,16 @@ import pytest
 
 from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
 from schemas.config import load_config
+from schemas.stored import decode_stored
 from streams.lookup.serving import (
     PeerAnswerError,
+    Settled,
+    answer,
     answer_json,
     check_peer_batch,
     is_peer_batch_for,
+    read_stored,
+    read_user,
 )
 from tests.streams.test_cli_replay import CONFIG
 
@@ -173,3 +178,31 @@ def test_the_quick_peer_check_accepts_only_what_the_full_check_accepts(users: li
             accepted = True
         assert not is_peer_batch_for(payload, users) or accepted, (n, payload[:200])
     assert is_peer_batch_for(peer_payloads(users)[0], users)  # a right answer: the quick path
+
+
+@pytest.mark.parametrize("app_id", [None, "oracular"])
+def test_a_batch_result_built_with_its_status_is_the_old_status_then_answer(app_id) -> None:
+    """`answer(..., with_status=True)`: the same keys, values and order as the batch built
+    before, `{"status": ..., **answer(...)}`, known users and unknown, all intents or some."""
+    config = load_config(CONFIG)
+    replica, _users, last = replica_of(config, 60, 1500)
+    stored = [
+        decode_stored(raw, config) for values in replica.values.values() for raw in values.values()
+    ]
+    reads = [read_stored(s, Settled()) for s in stored] + [read_user(None, config, 3)]
+    for read in reads:
+        for intents in (None, ["churn"], sorted(config.intents)):
+            for with_explain in (False, True):
+                kwargs: dict[str, Any] = {
+                    "intents": intents,
+                    "at": last + 7_200_000,
+                    "with_explain": with_explain,
+                    "served_by": {"worker": "w", "role": "active"},
+                    "config_id": "c",
+                    "app_id": app_id,
+                }
+                body = answer(read, "u", **kwargs)
+                old = {"status": "found" if body["known"] else "unknown", **body}
+                new = answer(read, "u", with_status=True, **kwargs)
+                assert list(new.items()) == list(old.items())
+                assert dumps(new) == dumps(old)
