@@ -9,6 +9,7 @@ import random
 import struct
 from typing import Any
 
+import msgspec
 import pytest
 
 from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
@@ -21,6 +22,7 @@ from streams.lookup.serving import (
     answer_json,
     check_peer_batch,
     is_peer_batch_for,
+    parse_batch,
     read_stored,
     read_user,
 )
@@ -206,3 +208,18 @@ def test_a_batch_result_built_with_its_status_is_the_old_status_then_answer(app_
                 new = answer(read, "u", with_status=True, **kwargs)
                 assert list(new.items()) == list(old.items())
                 assert dumps(new) == dumps(old)
+
+
+def test_a_forwarded_batch_body_is_read_by_the_owner_as_before() -> None:
+    """The forward's body, now msgspec's bytes, is the same batch to the owner's parse."""
+    config = load_config(CONFIG)
+    users = [*ODD_USERS, "\u2028", "a" * 512, "plain"]
+    body = {"users": [{"user": u, "intents": ["churn"]} for u in users] + users, "at": 5}
+    for explain, stale in ((False, False), (True, True)):
+        request = parse_batch(
+            json.dumps({**body, "explain": explain, "stale": stale}).encode(), config
+        )
+        sent = request.to_json(request.items, 7)
+        assert parse_batch(msgspec.json.encode(sent), config) == parse_batch(
+            json.dumps(sent).encode(), config
+        )
