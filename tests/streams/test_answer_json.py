@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiokafka.partitioner import murmur2 as kafka_murmur2
 
 from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
 from schemas.config import load_config
@@ -22,6 +23,7 @@ from streams.lookup.serving import (
     answer_json,
     check_peer_batch,
     is_peer_batch_for,
+    murmur2,
     parse_batch,
     read_stored,
     read_user,
@@ -223,3 +225,11 @@ def test_a_forwarded_batch_body_is_read_by_the_owner_as_before() -> None:
         assert parse_batch(msgspec.json.encode(sent), config) == parse_batch(
             json.dumps(sent).encode(), config
         )
+
+
+def test_murmur2_is_kafkas() -> None:
+    rng = random.Random(9)
+    keys = [rng.randbytes(rng.randrange(40 if n % 10 else 1100)) for n in range(30_000)]
+    keys += [u.encode() for u in ODD_USERS] + [b"", b"a", b"ab", b"abc", b"abcd"]
+    for key in keys:
+        assert murmur2(key) == kafka_murmur2(key), key
