@@ -161,6 +161,9 @@ def peer_payloads(users: list[str]) -> list[bytes]:
     payloads += [
         text.replace(f'"user":{last}', f'"user":{last},"user":"mallory"').encode(),  # last wins
         text.replace(f'"user":{last}', f'"user":"mallory","user":{last}').encode(),
+        text.replace(f'"user":{last}', f'"user":{last},"us\\u0065r":"mallory"').encode(),
+        text.replace('"results":', '"r\\u0065sults":[],"results":').encode(),
+        text.replace("}]}", '}],"r\\u0065sults":[]}').encode(),
         text.replace('"at":5', '"at":NaN').encode(),
         (text + " x").encode(),
         text.encode("utf-16"),
