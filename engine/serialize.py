@@ -218,7 +218,7 @@ def _proven_intent(value: Sequence[Any]) -> IntentState:
         dict(zip(evidence, starmap(Evidence, evidence.values()), strict=True)),
         seen,
         resolved,
-        [PendingEpisode(closed_at, names) for closed_at, names in pending],
+        list(starmap(PendingEpisode, pending)),
         outcome_at,
         revealed_at,
     )

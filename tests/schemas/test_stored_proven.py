@@ -1,7 +1,8 @@
-"""`decode_stored`'s msgspec path (`schemas.stored._proven_stored`) decodes a value exactly as
-the msgpack path does, or leaves it to that path: the same user (same floats, bit for bit)
-for every value the worker writes, and the same user or the same error text for a value with
-any leaf replaced by an odd one, with bytes flipped, cut or added, or with a repeated key."""
+"""The msgspec path of `decode_stored`, `stored_index` and `stored_version`
+(`schemas.stored._proven`) reads a value exactly as the msgpack path does, or leaves it to
+that path: the same user (same floats, bit for bit) for every value the worker writes, and
+the same results or the same error texts for a value with any leaf replaced by an odd one,
+with bytes flipped, cut or added, or with a repeated key. Its encoder writes msgpack's bytes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from hypothesis import strategies as st
 from engine import EngineConfig, create_state
 from engine.dedupe import NO_IDS, remember
 from engine.serialize import FORMAT_VERSION
-from schemas.stored import STORED_VERSION, StoredUser, decode_stored, encode_stored, id_digest
+from schemas.stored import (
+    STORED_VERSION,
+    StoredUser,
+    decode_stored,
+    encode_stored,
+    id_digest,
+    stored_index,
+    stored_version,
+)
 from tests.engine.strategies import T0, cases, final
 from tests.engine.test_serialize import CFG, _busy_state
 from tests.engine.test_serialize_plain import ODD, _leaves, _set
@@ -43,21 +52,26 @@ MORE_ODD = [
 
 
 def _outcome(raw: bytes, config: EngineConfig) -> tuple[Any, ...]:
+    """What `decode_stored`, `stored_index` and `stored_version` make of `raw`."""
+    return (_of(decode_stored, raw, config), _of(stored_index, raw), _of(stored_version, raw))
+
+
+def _of(read: Any, *args: Any) -> tuple[Any, ...]:
     try:
-        user = decode_stored(raw, config)
+        got = read(*args)
     except Exception as exc:  # the same exception, type and text, is the point
         return ("error", type(exc).__name__, str(exc))
-    return ("user", repr(user))  # repr: NaN compares unequal to itself; -0.0 equal to 0.0
+    return ("value", repr(got))  # repr: NaN compares unequal to itself; -0.0 equal to 0.0
 
 
 def _old(raw: bytes, config: EngineConfig) -> tuple[Any, ...]:
-    """What `decode_stored` gives without the msgspec path."""
-    proven = STORED._proven_stored
-    STORED._proven_stored = lambda raw, config: None
+    """What the three give without the msgspec path."""
+    proven = STORED._proven
+    STORED._proven = lambda raw: None
     try:
         return _outcome(raw, config)
     finally:
-        STORED._proven_stored = proven
+        STORED._proven = proven
 
 
 @st.composite
@@ -95,7 +109,7 @@ def test_the_typed_decoder_reads_the_versions_the_module_writes() -> None:
 def test_every_written_value_takes_the_msgspec_path_and_reads_the_same(drawn: Any) -> None:
     config, user = drawn
     raw = encode_stored(user)
-    assert STORED._proven_stored(raw, config) is not None
+    assert STORED._proven(raw) is not None
     new = decode_stored(raw, config)
     assert _outcome(raw, config) == _old(raw, config)
     assert new == user
