@@ -12,8 +12,10 @@ Version 3 (written by this worker):
   is computed from it with the *current* `episodeTimeout`, so a changed timeout applies to
   episodes that were already open.
 - `state_record`: `engine.state_to_record(state, include_config=False)`; the config is the
-  worker's. Packed with the C msgpack codec (same bytes as `engine.serialize`, faster), each
-  intent's part packed again only when the intent changed (`encode_stored`).
+  worker's. Packed with msgspec's C encoder (the same bytes as `msgpack.packb` and
+  `engine.serialize`, faster), each intent's part packed again only when the intent changed
+  (`encode_stored`); read back by a typed msgspec decode when it proves the value is one this
+  module writes (`_proven`), else by msgpack and the engine's checked path.
 - `inputs`, `episodes`: how many inputs were applied to the user and how many of its
   episodes closed. Output ids are built from them (see `schemas.outputs`), so they are the
   same in a live run, a backfill and a replay of the same events.
@@ -168,7 +170,7 @@ _packb = msgspec.msgpack.Encoder().encode
 """msgspec's encoder writes the bytes `msgpack.packb` writes for every type a stored value
 holds (None, bool, ints of 64 bits, float64, str, bytes, lists, str-keyed dicts: the
 smallest int and header forms, floats always as float64; tests/schemas/test_stored_proven.py
-holds the two to that) in about half the time."""
+holds the two to that) in less than half msgpack's time."""
 _ARRAY_OF_12: Final = b"\x9c"  # msgpack fixarray headers: 0x90 | length
 _RECORD_ARRAY: Final = b"\x96"
 
@@ -210,8 +212,8 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
 
 def _proven(raw: bytes) -> tuple[Any, ...] | None:
     """A version-3 value as this module writes it, decoded by msgspec into `_StoredV3`
-    (every type and range `_header` and `engine.serialize`'s plain path check, checked in C
-    and about a third faster than msgpack's untyped unpacking), or None for anything else:
+    (every type and range `_header` and `engine.serialize`'s plain path check, checked in C,
+    in less time than msgpack's untyped unpacking alone takes), or None for anything else:
     the msgpack path (`_header`) then decides, with its error texts."""
     try:
         value: tuple[Any, ...] = _DECODE_V3(raw)
@@ -222,7 +224,7 @@ def _proven(raw: bytes) -> tuple[Any, ...] | None:
 
 def _proven_user(value: tuple[Any, ...], config: EngineConfig) -> StoredUser:
     """`decode_stored` of a `_proven` value: the records built without a check per number
-    (two thirds of the msgpack path's decode went to those checks and its list walks)."""
+    (the msgpack path checks each in Python; BENCHMARKS.md has the two paths' costs)."""
     state = state_from_proven(value[4], config)
     partition, last_offset, _, _, inputs, episodes, clock, timer_close, tick_offset = value[1:10]
     hashes, times = value[10], value[11]
