@@ -18,7 +18,8 @@ caller's `migrate` hook; newer versions are refused.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import starmap
 from typing import Any, Final
 
 from engine.config import EngineConfig, IntentConfig
@@ -194,6 +195,35 @@ def _plain_state(record: Record, config: EngineConfig) -> EngineState | None:
     return EngineState(config, EpisodeState(started_at, last_event_at), intents, clock)
 
 
+def state_from_proven(record: Sequence[Any], config: EngineConfig) -> EngineState:
+    """The state of a record whose every type and range a typed decoder has already proven
+    (`schemas.stored`'s msgspec decoder): what `_plain_state` accepts, with tuples where it
+    has lists, and the same state `state_from_record(record, config=config)` builds.
+
+    Nothing is checked again: the records are built from the decoded values as they are
+    (the record's dicts and lists are taken over, so the caller must not keep them).
+    """
+    _, _, clock, started_at, last_event_at, records = record
+    intents = {name: _proven_intent(value) for name, value in records.items()}
+    state = EngineState(config, EpisodeState(started_at, last_event_at), intents, clock)
+    return _fit_to_config(state)
+
+
+def _proven_intent(value: Sequence[Any]) -> IntentState:
+    episodes, learned, evidence, seen, resolved, pending, outcome_at, revealed_at = value
+    return IntentState(
+        SignalRecord(*episodes),
+        # starmap and zip run in C: no Python frame per signal beyond the record's __init__
+        dict(zip(learned, starmap(SignalRecord, learned.values()), strict=True)),
+        dict(zip(evidence, starmap(Evidence, evidence.values()), strict=True)),
+        seen,
+        resolved,
+        list(starmap(PendingEpisode, pending)),
+        outcome_at,
+        revealed_at,
+    )
+
+
 def _plain_time(at: object) -> bool:
     return at is None or (type(at) is int and MIN_TIME_MS <= at <= MAX_TIME_MS)
 
@@ -216,14 +246,14 @@ def _plain_intent(value: object) -> IntentState | None:  # noqa: PLR0911 - an ex
             type(hits) is float
             and type(misses) is float
             and type(at) is int
-            and 0.0 <= hits <= _MAX_AMOUNT
-            and 0.0 <= misses <= _MAX_AMOUNT
+            and 0.0 <= hits <= MAX_AMOUNT
+            and 0.0 <= misses <= MAX_AMOUNT
             and MIN_TIME_MS <= at <= MAX_TIME_MS
         ):
             return None
         counts[signal] = SignalRecord(hits, misses, at)
     for signal, count in seen.items():
-        if type(signal) is not str or type(count) is not int or not 0 <= count <= _MAX_COUNT:
+        if type(signal) is not str or type(count) is not int or not 0 <= count <= MAX_COUNT:
             return None
     amounts = _plain_evidence(evidence)
     held = _plain_pending(pending)
@@ -244,8 +274,8 @@ def _plain_evidence(evidence: object) -> dict[str, Evidence] | None:
             type(alpha) is float
             and type(beta) is float
             and type(at) is int
-            and 0.0 <= alpha <= _MAX_AMOUNT
-            and 0.0 <= beta <= _MAX_AMOUNT
+            and 0.0 <= alpha <= MAX_AMOUNT
+            and 0.0 <= beta <= MAX_AMOUNT
             and MIN_TIME_MS <= at <= MAX_TIME_MS
         ):
             return None
@@ -277,26 +307,26 @@ def _plain_record(numbers: object) -> SignalRecord | None:
         type(hits) is float
         and type(misses) is float
         and type(at) is int
-        and 0.0 <= hits <= _MAX_AMOUNT
-        and 0.0 <= misses <= _MAX_AMOUNT
+        and 0.0 <= hits <= MAX_AMOUNT
+        and 0.0 <= misses <= MAX_AMOUNT
         and MIN_TIME_MS <= at <= MAX_TIME_MS
     ):
         return SignalRecord(hits, misses, at)
     return None
 
 
-_MAX_AMOUNT: Final = 1e300
+MAX_AMOUNT: Final = 1e300
 """Largest count or evidence amount a state may hold. Events add at most 1e6 (the config's
 bound on weights) each, so no user comes near; and a sum of such amounts over a user's signals
 stays finite (a stored 1e308 would make α infinite and `p` NaN)."""
-_MAX_COUNT: Final = 2**63 - 1
+MAX_COUNT: Final = 2**63 - 1
 """Largest seen-count (a signal's occurrences in the open episode), as msgpack stores ints."""
 
 
 def check_state(state: EngineState) -> None:
     """Refuse a decoded state holding numbers the engine never makes (`state_from_record`
     checks types and shape first): times outside MIN_TIME_MS..MAX_TIME_MS, counts or
-    evidence that are negative, NaN, infinite or beyond `_MAX_AMOUNT`. Applied, such a state
+    evidence that are negative, NaN, infinite or beyond `MAX_AMOUNT`. Applied, such a state
     fails inside the engine (negative evidence: `math domain error`) or publishes NaN.
 
     Raises:
@@ -326,7 +356,7 @@ def _possible(state: EngineState) -> bool:
         optional += (intent.last_outcome_at, intent.last_revealed_at)
         if (
             intent.seen
-            and not 0 <= min(intent.seen.values()) <= max(intent.seen.values()) <= _MAX_COUNT
+            and not 0 <= min(intent.seen.values()) <= max(intent.seen.values()) <= MAX_COUNT
         ):
             return False
     times += [at for at in optional if at is not None]
@@ -334,7 +364,7 @@ def _possible(state: EngineState) -> bool:
     return (
         not math.isnan(total)
         and min(amounts, default=0.0) >= 0.0
-        and max(amounts, default=0.0) <= _MAX_AMOUNT
+        and max(amounts, default=0.0) <= MAX_AMOUNT
         and min(times, default=MIN_TIME_MS) >= MIN_TIME_MS
         and max(times, default=MIN_TIME_MS) <= MAX_TIME_MS
     )
@@ -366,7 +396,7 @@ def _explain_impossible(state: EngineState) -> None:
             (f"intent {name!r} last reveal", intent.last_revealed_at),
         ]
         for signal, count in intent.seen.items():
-            if not 0 <= count <= _MAX_COUNT:
+            if not 0 <= count <= MAX_COUNT:
                 msg = f"not a possible engine state: intent {name!r} saw {signal!r} {count} times"
                 raise StateFormatError(msg)
     for what, at in times:
@@ -384,10 +414,10 @@ def _named_counts(what: str, record: SignalRecord) -> list[tuple[str, float]]:
 
 def _check_amounts(amounts: Iterable[tuple[str, float]]) -> None:
     for what, amount in amounts:
-        if not 0.0 <= amount <= _MAX_AMOUNT:  # False for NaN too
+        if not 0.0 <= amount <= MAX_AMOUNT:  # False for NaN too
             msg = (
                 f"not a possible engine state: {what} is {amount!r}; counts and evidence are "
-                f"finite, at least 0 and at most {_MAX_AMOUNT:g}"
+                f"finite, at least 0 and at most {MAX_AMOUNT:g}"
             )
             raise StateFormatError(msg)
 

@@ -12,8 +12,10 @@ Version 3 (written by this worker):
   is computed from it with the *current* `episodeTimeout`, so a changed timeout applies to
   episodes that were already open.
 - `state_record`: `engine.state_to_record(state, include_config=False)`; the config is the
-  worker's. Packed with the C msgpack codec (same bytes as `engine.serialize`, faster), each
-  intent's part packed again only when the intent changed (`encode_stored`).
+  worker's. Packed with msgspec's C encoder (the same bytes as `msgpack.packb` and
+  `engine.serialize`, faster), each intent's part packed again only when the intent changed
+  (`encode_stored`); read back by a typed msgspec decode when it proves the value is one this
+  module writes (`_proven`), else by msgpack and the engine's checked path.
 - `inputs`, `episodes`: how many inputs were applied to the user and how many of its
   episodes closed. Output ids are built from them (see `schemas.outputs`), so they are the
   same in a live run, a backfill and a replay of the same events.
@@ -37,10 +39,12 @@ fields are derived from the state (inputs and episodes start at 0).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgpack
+import msgspec
 
 from engine import (
     EngineConfig,
@@ -50,7 +54,13 @@ from engine import (
 )
 from engine.dedupe import ENTRY_BYTES, NO_IDS, RecentIds
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS, is_time
-from engine.serialize import intent_to_record, record_head
+from engine.serialize import (
+    MAX_AMOUNT,
+    MAX_COUNT,
+    intent_to_record,
+    record_head,
+    state_from_proven,
+)
 from engine.state import IntentState
 
 STORED_VERSION: Final = 3
@@ -156,7 +166,11 @@ def encode_stored(user: StoredUser) -> bytes:
     return b"".join(parts)
 
 
-_packb = msgpack.Packer().pack  # one Packer, not one per call; the worker's thread only
+_packb = msgspec.msgpack.Encoder().encode
+"""msgspec's encoder writes the bytes `msgpack.packb` writes for every type a stored value
+holds (None, bool, ints of 64 bits, float64, str, bytes, lists, str-keyed dicts: the
+smallest int and header forms, floats always as float64; tests/schemas/test_stored_proven.py
+holds the two to that) in less than half msgpack's time."""
 _ARRAY_OF_12: Final = b"\x9c"  # msgpack fixarray headers: 0x90 | length
 _RECORD_ARRAY: Final = b"\x96"
 
@@ -176,6 +190,9 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     Raises:
         StateFormatError: the bytes are not a stored user (or a newer version).
     """
+    proven = _proven(raw)
+    if proven is not None:
+        return _proven_user(proven, config)
     value = _header(raw)
     try:
         state = state_from_record(value[4], config=config)
@@ -193,13 +210,78 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     )
 
 
+def _proven(raw: bytes) -> tuple[Any, ...] | None:
+    """A version-3 value as this module writes it, decoded by msgspec into `_StoredV3`
+    (every type and range `_header` and `engine.serialize`'s plain path check, checked in C,
+    in less time than msgpack's untyped unpacking alone takes), or None for anything else:
+    the msgpack path (`_header`) then decides, with its error texts."""
+    try:
+        value: tuple[Any, ...] = _DECODE_V3(raw)
+    except (msgspec.DecodeError, ValueError):  # ValueError: invalid UTF-8 in a string
+        return None
+    return value if _recent_ids(value[10], value[11]) else None
+
+
+def _proven_user(value: tuple[Any, ...], config: EngineConfig) -> StoredUser:
+    """`decode_stored` of a `_proven` value: the records built without a check per number
+    (the msgpack path checks each in Python; BENCHMARKS.md has the two paths' costs)."""
+    state = state_from_proven(value[4], config)
+    partition, last_offset, _, _, inputs, episodes, clock, timer_close, tick_offset = value[1:10]
+    hashes, times = value[10], value[11]
+    recent = RecentIds(hashes, times) if hashes else NO_IDS
+    return StoredUser(
+        state, partition, last_offset, inputs, episodes, clock, timer_close, tick_offset, recent
+    )
+
+
+# What `_proven` proves: the types `_ints` and `engine.serialize._plain_state` accept,
+# in their ranges (msgspec refuses a bool for an int, NaN for a bounded float, a str for bytes).
+_Time = Annotated[int, msgspec.Meta(ge=MIN_TIME_MS, le=MAX_TIME_MS)]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=_MAX_OFFSET)]
+_Amount = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_AMOUNT)]
+_Counts = tuple[_Amount, _Amount, _Time]
+_Intent = tuple[
+    _Counts,  # episodes
+    dict[str, _Counts],  # learned
+    dict[str, _Counts],  # evidence
+    dict[str, Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]],  # seen
+    bool,  # resolved
+    list[tuple[_Time, list[str]]],  # pending
+    _Time | None,  # last outcome
+    _Time | None,  # last reveal
+]
+_Record = tuple[
+    Literal[1],  # FORMAT_VERSION (a test holds them equal)
+    None,  # the config: the worker's, never stored
+    _Time | None,  # clock
+    _Time | None,  # episode started
+    _Time | None,  # episode's last event
+    dict[str, _Intent],
+]
+_StoredV3 = tuple[
+    Literal[3],  # STORED_VERSION (a test holds them equal)
+    Annotated[int, msgspec.Meta(ge=0, le=_MAX_PARTITION)],
+    Annotated[int, msgspec.Meta(ge=-1, le=_MAX_OFFSET)],
+    _Time | None,  # open since
+    _Record,
+    _Count,  # inputs
+    _Count,  # episodes
+    _Time | None,  # clock
+    _Time | None,  # timer close
+    _Count | None,  # tick offset
+    bytes,  # recent hashes
+    bytes,  # recent times
+]
+_DECODE_V3: Final = msgspec.msgpack.Decoder(_StoredV3).decode
+
+
 def stored_index(raw: bytes) -> StoredIndex:
     """The partition, open episode and clock of a table value, for rebuilding the timer index.
 
     Version 1 values store a deadline computed with the timeout of the day they were written;
     their state is decoded instead, so a changed timeout applies to them too.
     """
-    value = _header(raw)
+    value = _fields(raw)
     if value[0] == 1:
         episode = _v1_episode(value[4])
         return StoredIndex(value[1], episode[0], episode[1])
@@ -214,7 +296,7 @@ def stored_version(raw: bytes) -> tuple[int, int] | None:
     the lower version is the older, whichever arrived last in the changelog.
     """
     try:
-        value = _header(raw)
+        value = _fields(raw)
     except StateFormatError:
         return None
     return value[2], (value[6] if value[0] >= 2 else 0)
@@ -237,6 +319,13 @@ def _v1_episode(record: Any) -> tuple[int | None, int | None]:
         )
         raise StateFormatError(msg)
     return (last if started is not None else None), clock
+
+
+def _fields(raw: bytes) -> Sequence[Any]:
+    """The value's fields, checked as `_header` checks them: by the typed decode when it
+    proves them (a restore reads every user's value twice, so the cheaper decode counts)."""
+    proven = _proven(raw)
+    return _header(raw) if proven is None else proven
 
 
 def _header(raw: bytes) -> list[Any]:
