@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import msgpack
 
-from engine import ClosedEpisode, Step
+from engine import ClosedEpisode, Prediction, Step
 
 PREDICTIONS: Final = "oracular.predictions"
 EPISODES: Final = "oracular.episodes"
@@ -59,24 +59,16 @@ def prediction_message(user: str, step: Step, seq: int) -> dict[str, Any] | None
         step: the engine's step for the event.
         seq: how many inputs the user has had applied, this one included.
     """
-    predictions = step.predictions
-    if not predictions:
+    if not step.predictions:
         return None
     event = step.event
-    intents: dict[str, dict[str, Any]] = {
-        name: {
-            "p": prediction.p,
-            "lower": prediction.lower,
-            "reveal": prediction.reveal,
-            "suppressed_until": prediction.suppressed_until,
-        }
-        for name, prediction in predictions.items()
-    }
-    if step.wiped:  # an outcome of an intent (seldom): the estimate its reset wiped
-        for name, wiped in step.wiped.items():
-            entry = intents.get(name)
-            if entry is not None:
-                entry["before_outcome"] = {"p": wiped.p, "lower": wiped.lower}
+    intents: dict[str, Any] = {}
+    for name, prediction in step.predictions.items():
+        entry = _prediction_fields(prediction)
+        wiped = step.wiped.get(name)
+        if wiped is not None:
+            entry["before_outcome"] = {"p": wiped.p, "lower": wiped.lower}
+        intents[name] = entry
     return {
         "id": prediction_id(user, event.id, seq),
         "user": user,
@@ -84,6 +76,15 @@ def prediction_message(user: str, step: Step, seq: int) -> dict[str, Any] | None
         "type": event.type,
         "event": event.name if event.type == "event" else event.intent,
         "intents": intents,
+    }
+
+
+def _prediction_fields(prediction: Prediction) -> dict[str, Any]:
+    return {
+        "p": prediction.p,
+        "lower": prediction.lower,
+        "reveal": prediction.reveal,
+        "suppressed_until": prediction.suppressed_until,
     }
 
 
@@ -241,17 +242,9 @@ Python code."""
 
 def encode_output(message: Mapping[str, Any], fmt: Format = "msgpack") -> bytes:
     """Encode an output message as msgpack (default) or JSON (bytes as latin-1 strings)."""
-    return output_encoder(fmt)(message)
-
-
-def output_encoder(fmt: Format) -> Callable[[Mapping[str, Any]], bytes]:
-    """`encode_output` in format `fmt`, chosen once: the processor encodes every output."""
     if fmt == "msgpack":
-        return _pack  # type: ignore[no-any-return]
-    return _encode_json
-
-
-def _encode_json(message: Mapping[str, Any]) -> bytes:
+        packed: bytes = _pack(message)
+        return packed
     return _JSON.encode(message).encode()
 
 

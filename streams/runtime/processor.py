@@ -49,7 +49,6 @@ from schemas.outputs import (
     dlq_message,
     encode_output,
     episode_message,
-    output_encoder,
     prediction_message,
 )
 from schemas.stored import StoredUser, decode_stored, encode_stored, id_digest, stored_index
@@ -324,7 +323,6 @@ class Processor:
         self.output_format: Format | None = output_format
         """How outputs are encoded; None: not at all (`Output.value` is empty), for offline
         runs, which write each output's `message` as a JSON line themselves."""
-        self._encode = None if output_format is None else output_encoder(output_format)
         self.stop_offsets = stop_offsets
         """A backfill's end: partition -> the first offset not to apply (None: no end)."""
         self.counts: Counter[str] = Counter()
@@ -981,8 +979,8 @@ class Processor:
             heapq.heapify(heap)
 
     def _output(self, role: str, key: bytes, message: dict[str, Any]) -> Output:
-        encode = self._encode
-        return Output(role, key, b"" if encode is None else encode(message), message)
+        fmt = self.output_format
+        return Output(role, key, b"" if fmt is None else encode_output(message, fmt), message)
 
 
 def _quarantine_reason(user: str, detail: str) -> str:
