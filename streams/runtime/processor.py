@@ -263,6 +263,9 @@ class Batch:
         Raises:
             StateFormatError: the stored value cannot be read (it is left as it is).
         """
+        slot = self.slots.get(key)  # (most inputs: a user the batch has read already)
+        if slot is not None:
+            return slot
         slot = self.stored_slot(key, message)
         if slot is None:
             user = StoredUser(create_state(self.config), message.partition, -1)
@@ -484,26 +487,28 @@ class Processor:
         clock is read once for the batch's inputs (a batch lasts milliseconds; the clock only
         decides idleness and clocks running ahead by far more) and at each tick."""
         now: int | None = None
+        next_offset, ticks_topic, stop = self.next_offset, self.ticks_topic, self.stop_offsets
         for message in messages:
-            partition = message.partition
+            partition, offset = message.partition, message.offset
             if self.rewrite and partition in self.rewrite:
                 self._write_again(batch, message, self.rewrite.pop(partition))
-            if message.topic == self.ticks_topic:
+            if message.topic == ticks_topic:
                 at_end = caught_up(partition)
                 if at_end and self.time.hold_until_end:
-                    self.ticks_at_end.add((partition, message.offset))
+                    self.ticks_at_end.add((partition, offset))
                 self.on_tick(batch, message, at_end, wall_ms())
                 continue
-            if self._beyond_end(message):
+            if stop is not None and offset >= stop.get(partition, 0):  # beyond a backfill's end
                 self.counts["beyond_end"] += 1
                 continue
-            self._check_contiguous(message)
+            expected = next_offset.get(partition)
+            if expected is not None and offset > expected:
+                self._note_gap(message, expected)
             if now is None:
                 now = wall_ms()
             self.on_input(batch, message, now)
-            self.next_offset[partition] = max(
-                self.next_offset.get(partition, 0), message.offset + 1
-            )
+            if expected is None or offset >= expected:
+                next_offset[partition] = offset + 1
 
     def _write_again(self, batch: Batch, message: InMessage, keys: list[bytes]) -> None:
         """Write users again unchanged (one changelog record each), on `message`'s partition.
@@ -519,8 +524,9 @@ class Processor:
             slot.dirty = True
             self.counts["rewritten"] += 1
 
-    def _check_contiguous(self, message: InMessage) -> None:
-        """Count (and log once per hole) input offsets that were never delivered.
+    def _note_gap(self, message: InMessage, expected: int) -> None:
+        """Count (and log once per hole) input offsets that were never delivered: `message`
+        came after `expected`, the partition's next offset (`run_batch` compares them).
 
         Offsets of a partition are contiguous unless the log itself has holes: transaction
         markers and aborted records (read_committed), compaction, or retention deleting input
@@ -528,9 +534,6 @@ class Processor:
         (Faust's own drop of fetched input around rebalances is fixed in
         `streams/faust/delivery.py`; this count is the cheap check that it stays fixed.)
         """
-        expected = self.next_offset.get(message.partition)
-        if expected is None or message.offset <= expected:
-            return
         self.counts["gaps"] += 1
         if self._gap_logged.get(message.partition) != expected:
             self._gap_logged[message.partition] = expected
@@ -541,10 +544,6 @@ class Processor:
                 expected,
                 message.offset - 1,
             )
-
-    def _beyond_end(self, message: InMessage) -> bool:
-        stop = self.stop_offsets
-        return stop is not None and message.offset >= stop.get(message.partition, 0)
 
     def on_input(self, batch: Batch, message: InMessage, wall_ms: int | None = None) -> None:
         """Decode, check, deduplicate and apply one input message; never raises."""
@@ -651,17 +650,17 @@ class Processor:
         digest: bytes | None,
     ) -> None:
         """Record an applied input: its outputs, the user's new stored state, the clocks."""
-        event, user = step.event, slot.user
+        event, user, closed = step.event, slot.user, step.closed
         inputs = user.inputs + 1
-        episodes = user.episodes + (step.closed is not None)
-        outputs = []
-        if step.closed is not None:
-            outputs.append(
-                self._output(EPISODES, key, episode_message(event.user, step.closed, episodes))
-            )
-        predictions = prediction_message(event.user, step, inputs)
-        if predictions is not None:
-            outputs.append(self._output(PREDICTIONS, key, predictions))
+        episodes = user.episodes if closed is None else user.episodes + 1
+        # The outputs are made (and encoded) first: that can fail, and the batch is unchanged.
+        episode = None
+        if closed is not None:
+            episode = self._output(EPISODES, key, episode_message(event.user, closed, episodes))
+        prediction = None
+        predicted = prediction_message(event.user, step, inputs)
+        if predicted is not None:
+            prediction = self._output(PREDICTIONS, key, predicted)
         # Nothing below can fail: commit the input to the batch.
         partition = message.partition
         clock = self.clocks.get(partition) or self._clock(partition)
@@ -672,7 +671,7 @@ class Processor:
         user_clock = user.clock
         if user_clock is None or event.at > user_clock:
             user_clock = event.at
-        slot.user = StoredUser(
+        slot.user = StoredUser(  # every field by position: keywords cost twice the call
             step.state,
             partition,
             message.offset,
@@ -680,21 +679,25 @@ class Processor:
             episodes,
             user_clock,
             user.timer_close if event.type == "revealed" else None,
-            recent=self._recent_ids(user, step.at, digest),
-            packed=user.packed,
+            None,  # tick_offset: an input, not a tick, wrote this state
+            self._recent_ids(user, step.at, digest),
+            user.packed,
         )
-        slot.partition = message.partition
+        slot.partition = partition
         slot.dirty = True
         counts = self.counts
         counts["applied"] += 1  # `_count_applied`, inline: this runs once per applied input
         self.by_partition["applied", partition] += 1
         if step.late:
             self.count_input("late", partition)
-        if step.closed is not None:
-            self.closed_by_reason[step.closed.reason] += 1
-        for output in outputs:
-            counts[output.role] += 1
-        batch.outputs.extend(outputs)
+        outputs = batch.outputs
+        if episode is not None:
+            self.closed_by_reason[episode.message["reason"]] += 1  # `closed.reason`
+            counts[EPISODES] += 1
+            outputs.append(episode)
+        if prediction is not None:
+            counts[PREDICTIONS] += 1
+            outputs.append(prediction)
         self._index(partition, key, slot.user)
 
     def _recent_ids(self, user: StoredUser, at: int, digest: bytes | None) -> RecentIds:
@@ -848,7 +851,7 @@ class Processor:
                 transition.closed.closed_at,
                 message.offset if message.topic == self.ticks_topic else None,
                 user.recent,
-                packed=user.packed,
+                user.packed,
             )
             slot.partition = message.partition
             slot.dirty = True

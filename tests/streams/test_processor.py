@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgpack
@@ -10,7 +11,7 @@ import pytest
 from engine import Event, Replayer
 from schemas.config import load_config
 from schemas.outputs import decode_output
-from schemas.stored import decode_stored
+from schemas.stored import StoredUser, decode_stored
 from schemas.ticks import encode_tick
 from streams.runtime.backfill import Backfill
 from streams.runtime.processor import EPISODES, Batch, InMessage, Processor, Table, TimePolicy
@@ -332,6 +333,33 @@ def test_a_real_gap_in_offsets_is_counted_and_the_input_applied(config):
     assert [o[2]["id"] for o in outputs] == ["u1:e0", "u1:e1", "u1:e3", "u1:e4"]
     assert processor.counts["gaps"] == 1 and processor.counts["applied"] == 4
     assert decode_stored(table.partitions[0][b"u1"], config).last_offset == 4
+
+
+def test_an_older_offset_leaves_the_next_offset_where_it_is(config):
+    """A redelivered input (below the next offset) neither counts a gap nor moves it back."""
+    table, processor = DictTable(), _processor(config)
+    event = {"id": "e0", "user": "u1", "name": "pricing.viewed", "ts": TS}
+    _run(processor, table, [_message(i, {**event, "id": f"e{i}"}) for i in (0, 1, 2)])
+    _run(processor, table, [_message(1, {**event, "id": "e1"})])
+    assert processor.next_offset[0] == 3
+    assert processor.counts["gaps"] == 0 and processor.counts["redelivered"] == 1
+
+
+def test_stored_user_fields_are_in_the_order_the_processor_builds_them():
+    """`Processor._commit` and `close_due` build `StoredUser` by position (keywords cost
+    twice the call, once per input): a field added or moved must be placed there too."""
+    assert [f.name for f in dataclasses.fields(StoredUser)] == [
+        "state",
+        "partition",
+        "last_offset",
+        "inputs",
+        "episodes",
+        "clock",
+        "timer_close",
+        "tick_offset",
+        "recent",
+        "packed",
+    ]
 
 
 def test_expect_keeps_the_first_known_offset(config):
