@@ -45,6 +45,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -462,18 +463,19 @@ def report(
 ) -> None:
     """Print the markdown tables for BENCHMARKS.md."""
 
-    def pooled(mode: str, what: str = "events") -> float | None:
-        """The windows' `what` per second, pooled (None: no window of that kind finished)."""
+    def pooled(mode: str, what: Callable[[dict[str, Any]], float]) -> float | None:
+        """`what` of the windows per second, pooled (None: no window of that kind finished)."""
         seconds = sum(r["seconds"] for r in rows[mode])
-        return sum(r[what] for r in rows[mode]) / seconds if seconds else None
+        return sum(what(r) for r in rows[mode]) / seconds if seconds else None
+
+    def events(row: dict[str, Any]) -> float:
+        return float(row["events"])
 
     def shown(rate: float | None) -> str:
         return "n/a" if rate is None else f"{rate:,.0f}"
 
-    without, with_ = pooled("without"), pooled("with")
-    for row in rows["with"]:
-        row["answered"] = row["lookups_per_s"] * row["seconds"]
-    lookup_rate = pooled("with", "answered")
+    without, with_ = pooled("without", events), pooled("with", events)
+    lookup_rate = pooled("with", lambda row: row["lookups_per_s"] * row["seconds"])
     runs_without = ", ".join(f"{r['rate']:,.0f}" for r in rows["without"])
     runs_with = ", ".join(f"{r['rate']:,.0f}" for r in rows["with"])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

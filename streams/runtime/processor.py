@@ -691,8 +691,8 @@ class Processor:
         if step.late:
             self.count_input("late", partition)
         outputs = batch.outputs
-        if episode is not None:
-            self.closed_by_reason[episode.message["reason"]] += 1  # `closed.reason`
+        if closed is not None and episode is not None:  # (the one implies the other)
+            self.closed_by_reason[closed.reason] += 1
             counts[EPISODES] += 1
             outputs.append(episode)
         if prediction is not None:
