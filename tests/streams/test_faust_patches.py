@@ -1118,6 +1118,39 @@ def test_the_worker_runs_its_consumer_where_the_setting_says(tmp_path, setting, 
             thread.thread_loop.close()  # the thread's loop, made by mode, never run here
 
 
+# --- the changelog queue: a restore never drops a record it fetched --------------------------
+
+
+def _changelog_queue_after_flow_control(app: Any) -> list[str]:
+    """Put two records in `app`'s changelog queue, revoke and resume flow as a rebalance does
+    (`flow_control.clear`, then `flow_control.resume`), and return what is left to apply."""
+    queue = app.tables.changelog_queue
+    queue.put_nowait("record 10")
+    app.flow_control.clear()  # `App._on_partitions_revoked`
+    queue.put_nowait("record 11")
+    app.flow_control.resume()  # the restore, right after its seek
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+def test_upstream_clears_the_changelog_records_fetched_but_not_yet_applied():
+    """faust-streaming 0.15.3: both clear the queue, though the consumer has read past them."""
+    app = faust.App("upstream-changelog-queue", broker="kafka://127.0.0.1:1", store="memory://")
+    assert _changelog_queue_after_flow_control(app) == []
+
+
+def test_the_worker_applies_every_changelog_record_it_fetched(tmp_path):
+    """The worker's app keeps them: the recovery applies (or skips as seen) each in order."""
+    from schemas.config import load_config
+    from streams.settings import settings_from_env
+    from streams.worker import create_worker
+
+    env = {"ORACULAR_DATADIR": str(tmp_path / "state"), "ORACULAR_CONSUMER_LOOP": "worker"}
+    app = create_worker(settings_from_env(env), load_config("examples/oracular.yaml"))
+    assert _changelog_queue_after_flow_control(app) == ["record 10", "record 11"]
+    app.flow_control.clear()  # other queues (the agents' streams) are still cleared
+    assert all(queue.qsize() == 0 for queue in app.flow_control._queues)
+
+
 def test_the_installed_faust_is_the_patched_version():
     """The environment has the version the patches were written for."""
     assert faust_upstream.installed_version() == FAUST_VERSION == faust.__version__
