@@ -176,27 +176,6 @@ def set_persisted_offset(table: Any, tp: TP, offset: int) -> None:
     table.data.set_persisted_offset(tp, offset)
 
 
-def keep_changelog_records(app: Any) -> None:
-    """Take the changelog queue out of flow control's clearing: every changelog record the
-    consumer delivers is then applied by the recovery (or skipped there as already applied),
-    never dropped in between.
-
-    Faust clears the queue between its consumer and the recovery (`_slurp_changelogs`) on
-    every revocation (`flow_control.clear`) and every resume (`flow_control.resume`), but the
-    consumer's read position has already moved past the records cleared. A record delivered
-    after the clear (a fetch in flight) is applied, the partition's persisted offset moves
-    past the cleared ones, and the next restore starts after them; a clear right after the
-    restore's seek drops the records fetched since, and the recovery goes on from the
-    records after them. Either way the local copy misses changelog records for good: a
-    failover run with two rebalances during one restore left 238 users stale, and their
-    owner wrote those stale states back. Kept, the queue holds each partition's records in
-    the order fetched, so the recovery's own check (an offset at or below the last one seen
-    is skipped) keeps re-reads after a seek from applying twice, and a partition revoked
-    meanwhile gets its records applied in order, as a local copy Faust keeps anyway.
-    """
-    app.flow_control._queues.discard(app.tables.changelog_queue)
-
-
 def wrap_changelog_apply(
     table: Any, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]
 ) -> None:

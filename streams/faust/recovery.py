@@ -1,9 +1,10 @@
-"""Recovery: the input partitions resumed only after they are sought (patched).
-`Recovery.on_recovery_completed` of faust-streaming 0.15.3, fixed.
+"""Recovery: input resumed only after it is sought, changelog records never cleared (patched).
+`Recovery.on_recovery_completed` and `TableManager.changelog_queue` of faust-streaming 0.15.3.
 
 Upstream resumes the input partitions before seeking them to the committed offsets, so records
 are delivered from the old position, the stream buffers are then cleared, and the fetch loop has
-already moved past them (streams/faust/delivery.py).
+already moved past them (streams/faust/delivery.py). The changelog records on their way to a
+restore are cleared the same way, after the consumer has read past them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
+from mode.utils.queues import ThrowableQueue
 
 
 async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None:
@@ -62,3 +65,27 @@ async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None
         self.tables.on_standbys_ready()
     self.app.on_rebalance_end()
     self.log.info("Worker ready")
+
+
+def _changelog_queue(self: TableManager) -> ThrowableQueue:
+    """`TableManager.changelog_queue` of 0.15.3, the queue from the consumer to the restore
+    (`Recovery._slurp_changelogs`), made without `clear_on_resume`.
+
+    Upstream's queue is cleared by flow control on every revocation (`flow_control.clear`)
+    and every resume (`flow_control.resume`), though the consumer has already read past the
+    records in it. A record delivered after the clear (a fetch in flight) is applied, the
+    partition's persisted offset moves past the cleared ones, and the next restore starts
+    after them; a clear right after a restore's seek drops the records fetched since, and the
+    restore goes on from the ones after. Either way the local copy misses changelog records
+    for good, and its owner applies input to stale states and writes them back (a failover run
+    with two rebalances during one restore: 238 users of 2,263). Kept, the queue holds each
+    partition's records in the order fetched; the restore skips a record at or below the last
+    offset it saw, so a re-read after a seek is not applied twice, and a partition revoked
+    meanwhile gets its records applied in order to the local copy Faust keeps anyway.
+    """
+    if self._changelog_queue is None:
+        self._changelog_queue = self.app.FlowControlQueue(
+            maxsize=self.app.conf.stream_buffer_maxsize,
+            clear_on_resume=False,
+        )
+    return self._changelog_queue

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka.consumer.fetcher import Fetcher
+from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -29,7 +30,7 @@ from streams.faust.fetch import (
     _waking_the_fetch,
 )
 from streams.faust.producer import _ebb_without_settings
-from streams.faust.recovery import _on_recovery_completed
+from streams.faust.recovery import _changelog_queue, _on_recovery_completed
 from streams.faust.upstream import ORIGINALS, check_version
 from streams.faust.worker_loop import _new_consumer_thread
 
@@ -42,7 +43,8 @@ class Patch:
     """The upstream class."""
     name: str
     """The method replaced."""
-    replacement: Callable[..., Any]
+    replacement: Callable[..., Any] | property
+    """The new method (or property, for an attribute upstream computes)."""
     source_sha256: str
     """sha256 of the upstream method's source (`inspect.getsource`) the patch was written
     against: a new value means upstream changed it, and the patch must be re-read."""
@@ -102,6 +104,16 @@ PATCHES: Final[tuple[Patch, ...]] = (
         "recovery resumes the input partitions before seeking them to the committed offsets: "
         "records delivered from the old position are then skipped",
         "test_recovery_delivers_every_input_record_from_the_committed_offset",
+    ),
+    Patch(
+        TableManager,
+        "changelog_queue",
+        property(_changelog_queue),
+        "9c7f4cac57ef170647f12c135f4419000d27be45c536bf07ec013d8d3d028e2e",
+        "none filed",
+        "flow control clears the changelog records on their way to a restore, after the "
+        "consumer read past them: the restore skips them for good",
+        "test_the_worker_applies_every_changelog_record_it_fetched",
     ),
     Patch(
         AIOKafkaConsumerThread,

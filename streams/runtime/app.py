@@ -203,7 +203,6 @@ def create_runtime(
         ticks=ticks,
     )
     fence_stale_changelog_records(table, runtime.repair, runtime.table.tap)
-    faust_patches.keep_changelog_records(app)  # a restore never skips a record it fetched
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
     async def process(stream: Any) -> None:
