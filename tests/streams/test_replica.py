@@ -38,9 +38,9 @@ from streams.lookup.api import bind
 from streams.lookup.front import Limits
 from streams.lookup.metrics import Family, Metrics
 from streams.lookup.replica import (
-    FREEZE_DECODED,
     BEGIN,
     DROP,
+    FREEZE_DECODED,
     STALE_STATUS_S,
     STATES,
     SYNCED,
