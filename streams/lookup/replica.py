@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -65,6 +66,8 @@ MAX_BACKLOG_BYTES: Final = 256 << 20
 """Unsent channel bytes beyond which the API process is taken for stuck and restarted."""
 MAX_DECODED: Final = 200_000
 """Decoded users kept at most by the API process (a few KiB each)."""
+FREEZE_DECODED: Final = 32
+"""Decoded users kept between two freezes of the collector's generations (`ReplicaCache.keep`)."""
 APPEND_TIMEOUT_S: Final = 10.0
 """A reveal the worker has not appended by then is a 503."""
 STARTUP_TIMEOUT_S: Final = 30.0
@@ -172,10 +175,22 @@ class Replica:
 
 class ReplicaCache:
     """`streams.lookup.api.UserCache` over the replica: the users decoded by lookups since their
-    last write (a write drops the decoded state: `Replica.apply`)."""
+    last write (a write drops the decoded state: `Replica.apply`).
+
+    A decoded user is some 80 objects the collector tracks, alive until the user's next write,
+    so a batch of 100 cold users leaves thousands in the young generation, and every young
+    collection walked them all (about 7 ms of CPU, every few cold batches: a batch that met
+    one took twice its time; BENCHMARKS.md). So every `FREEZE_DECODED` users kept, the
+    generations are frozen (`gc.freeze`: a constant-time move aside, as `GcPolicy` does every
+    second): a young collection then walks only what was made since. Frozen objects are still
+    freed by reference counting when the user is written (the states hold no reference
+    cycles); cyclic garbage frozen with them waits for `GcPolicy`'s hourly full collection, as
+    with its per-second freeze (a lookup's request and answer make none: tested)."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
+        self.unfrozen = 0
+        """Users kept since the last freeze."""
 
     def peek(self, key: bytes) -> StoredUser | None:
         kept = self.replica.decoded.get(key)
@@ -187,6 +202,10 @@ class ReplicaCache:
             decoded.clear()  # rare: more users read than kept; start again
         # A new view with it: a view of another state of the user is not this one's.
         decoded[key] = (stored, Settled())
+        self.unfrozen += 1
+        if self.unfrozen >= FREEZE_DECODED:
+            gc.freeze()
+            self.unfrozen = 0
 
     def settled(self, key: bytes) -> Settled:
         kept = self.replica.decoded.get(key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ from streams.lookup.metrics import Family, Metrics
 from streams.lookup.replica import (
     BEGIN,
     DROP,
+    FREEZE_DECODED,
     STALE_STATUS_S,
     STATES,
     SYNCED,
@@ -150,6 +152,46 @@ def test_a_kept_view_is_dropped_with_its_decoded_state_and_answers_as_predict(
     other = cache.settled(b"u")
     cache.keep(b"u", StoredUser(observe(state, "limit.hit", T0 + 5), 1, 6))  # another state
     assert cache.settled(b"u") is not other
+
+
+@pytest.fixture
+def unfreeze() -> Any:
+    """Gives the collector back what a test froze (no other test freezes or expects frozen)."""
+    yield
+    gc.unfreeze()
+
+
+def tracked_in_generations() -> set[int]:
+    return {id(o) for generation in range(3) for o in gc.get_objects(generation)}
+
+
+def test_kept_users_leave_the_collectors_generations_and_are_still_freed_when_written(
+    config: Any, unfreeze: Any
+) -> None:
+    """Every FREEZE_DECODED users kept, the generations are frozen: the decoded users are no
+    longer walked by young collections (fails without the freeze), and a user written later
+    is still freed by reference counting, frozen or not."""
+    replica = Replica()
+    cache = ReplicaCache(replica)
+    replica.apply([BEGIN, 1])
+    replica.apply([SYNCED, 1])
+    gc.collect()
+    users = [
+        StoredUser(observe(create_state(config), "pricing.viewed", T0 + n), 1, n)
+        for n in range(FREEZE_DECODED)
+    ]
+    before = [sys.getrefcount(user) for user in users]
+    intents = [next(iter(user.state.intents.values())) for user in users]
+    for n in range(FREEZE_DECODED):
+        cache.keep(b"u%d" % n, users[n])
+    assert not {id(i) for i in intents} & tracked_in_generations()
+    assert cache.unfrozen == 0
+    cache.keep(b"one more", StoredUser(create_state(config), 1, 99))
+    assert cache.unfrozen == 1  # the next freeze waits for FREEZE_DECODED more
+    assert [sys.getrefcount(user) for user in users] == [n + 1 for n in before]  # the cache's
+    replica.apply([STATES, 1, [[b"u%d" % n, b"newer"] for n in range(FREEZE_DECODED)]])
+    # The write let go of the cache's reference, frozen or not: the test's are the last ones.
+    assert [sys.getrefcount(user) for user in users] == before
 
 
 def test_a_stale_status_makes_every_local_partition_settling(config: Any) -> None:

@@ -8,6 +8,7 @@ on 127.0.0.1, so forwarding between two of them is real HTTP.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -462,6 +463,36 @@ async def test_batch_groups_users_by_owner(pair, http, config) -> None:
         assert str(MAX_BATCH) in (await response.json())["error"]
     async with http.post(f"{a.url}/v1/lookup", data=b"x" * (1 << 20)) as response:
         assert response.status == 413
+
+
+async def test_lookups_and_their_forwards_make_no_cyclic_garbage(pair, http, config) -> None:
+    """The API process freezes its decoded users with whatever else is alive
+    (`ReplicaCache.keep`), so garbage in reference cycles would wait for the hourly full
+    collection: a lookup's request, answer and forward must make none (the server's side and
+    this client's both; the collector finds nothing after them)."""
+    a, b = pair
+    users = [f"cyclic-{n}" for n in range(60)]
+    for user in users[::2]:
+        store(a if partition_for(user, PARTITIONS) < 2 else b, config, user, some_events(user))
+
+    async def lookups() -> None:
+        async with http.post(f"{a.url}/v1/lookup", json={"users": users}) as response:
+            assert response.status == 200
+            await response.read()
+        for user in users[:8]:  # at the owner and with one forward
+            async with http.get(f"{a.url}/v1/users/{user}") as response:
+                assert response.status == 200
+                await response.read()
+
+    await lookups()  # connections opened, everything first-time allocated
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            await lookups()
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 async def test_token_is_required_except_for_livez(config, http) -> None:
