@@ -1198,6 +1198,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         log_level=logging.getLogger("oracular").getEffectiveLevel(),
         nice=DEFAULT_API_NICE if settings.api_nice is None else settings.api_nice,
         nice_set=settings.api_nice is not None,
+        realtime=settings.api_realtime,
     )
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)

@@ -116,6 +116,8 @@ class ChildArgs:
     nice_set: bool = False
     """ORACULAR_API_NICE was set: a refusal is a warning (else an info line: a worker that may
     not raise priorities, as in most containers, is a normal deployment)."""
+    realtime: int = 0
+    """ORACULAR_API_REALTIME: the API process's SCHED_RR priority (0: the normal policy)."""
 
 
 # --- the API process's side -----------------------------------------------------------------
@@ -395,6 +397,7 @@ class Feed:
         self.task: asyncio.Task[None] | None = None
         self.appends: set[asyncio.Task[None]] = set()
         self.priority_refused = False
+        self.realtime_refused = False
 
     def written(self, partition: int, items: list[tuple[bytes, bytes | None]]) -> None:
         channel = self.channel
@@ -432,6 +435,8 @@ class Feed:
         here, before the process starts threads (they inherit it), and again for a restarted
         process; refused (not root, no CAP_SYS_NICE): said once per worker, a warning when
         ORACULAR_API_NICE was set, an info line for the default."""
+        if self.args.realtime and self._realtime(pid):
+            return
         nice = self.args.nice
         if nice == 0:
             return
@@ -450,6 +455,28 @@ class Feed:
                     f"ORACULAR_API_NICE={nice}" if self.args.nice_set else f"{nice}, the default",
                     exc.strerror,
                 )
+
+    def _realtime(self, pid: int) -> bool:
+        """Put the API process under SCHED_RR at ORACULAR_API_REALTIME; False when refused
+        (said once per worker, as a warning: the value was set)."""
+        priority = self.args.realtime
+        try:
+            os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
+        except PermissionError as exc:
+            if not self.realtime_refused:
+                self.realtime_refused = True
+                log.warning(
+                    "the lookup API process keeps the normal scheduling policy: "
+                    "ORACULAR_API_REALTIME=%d (SCHED_RR) was refused (%s); it needs root, "
+                    "CAP_SYS_NICE or a RLIMIT_RTPRIO of at least %d",
+                    priority,
+                    exc.strerror,
+                    priority,
+                )
+            return False
+        except ProcessLookupError:  # it already died; _run restarts it
+            return True
+        return True
 
     async def _run(self) -> None:
         """Read the child's messages; send the status and full copies; restart a dead child."""

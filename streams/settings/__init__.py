@@ -257,6 +257,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "warning when the value was set, in one info line when it is the default "
             "(docs/serving.md)",
             shown=f"{DEFAULT_API_NICE} where permitted, else the worker's priority"),
+    Setting("api_realtime", "ORACULAR_API_REALTIME", int, 0,
+            "run the lookup API process under the real-time round-robin policy (SCHED_RR) at "
+            "this priority (1-99; 0: off): a lookup that is ready then runs at once instead "
+            "of after the worker's time slice. A flood of lookups can then take a whole core "
+            "from the worker (Linux still leaves other tasks 5% of each core); the front "
+            "door's limits bound it. Needs root, CAP_SYS_NICE or a RLIMIT_RTPRIO that allows "
+            "it; refused, one warning, and the API keeps ORACULAR_API_NICE "
+            "(docs/serving.md)"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -338,6 +346,7 @@ class Settings:
     api_max_connections: int | None = default("api_max_connections")
     api_max_body_bytes: int = default("api_max_body_bytes")
     api_nice: int | None = default("api_nice")
+    api_realtime: int = default("api_realtime")
     ready_max_lag: int = default("ready_max_lag")
 
     @property
@@ -594,6 +603,11 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
             problems.append(f"{label('api_peers')}: {exc}")
     if (settings.api_tls_cert is None) != (settings.api_tls_key is None):
         problems.append("ORACULAR_API_TLS_CERT and ORACULAR_API_TLS_KEY: set both or neither")
+    if not 0 <= settings.api_realtime <= 99:
+        problems.append(
+            f"{label('api_realtime')}: must be 0 (off) to 99, a SCHED_RR priority "
+            f"(got {settings.api_realtime})"
+        )
     if settings.api_nice is not None and not -20 <= settings.api_nice <= 19:
         problems.append(
             f"{label('api_nice')}: must be -20 to 19, as nice (got {settings.api_nice})"

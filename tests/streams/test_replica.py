@@ -480,3 +480,51 @@ def test_the_api_nice_setting_is_unset_unless_given() -> None:
     assert load_settings(env={"ORACULAR_API_NICE": "-3"}).api_nice == -3
     with pytest.raises(SettingsError, match="ORACULAR_API_NICE"):
         load_settings(env={"ORACULAR_API_NICE": "-21"})
+
+
+# --- the API process under SCHED_RR (ORACULAR_API_REALTIME) ---------------------------------
+
+
+def test_the_api_process_runs_under_sched_rr_when_asked(config: Any) -> None:
+    """ORACULAR_API_REALTIME=N: the started process's policy is SCHED_RR at N; where that is
+    not permitted, it keeps the normal policy, the refusal is recorded, and nice applies."""
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE
+    ) as child:
+        try:
+            feed = Feed(dataclasses.replace(args(config), realtime=7), None, None, Metrics())  # type: ignore[arg-type]
+            feed._prioritise(child.pid)
+            if feed.realtime_refused:
+                assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER
+            else:
+                assert os.sched_getscheduler(child.pid) == os.SCHED_RR
+                assert os.sched_getparam(child.pid).sched_priority == 7
+        finally:
+            child.kill()
+
+
+def test_a_refused_realtime_policy_is_one_warning_and_nice_still_applies(
+    config: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*_: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    niced: list[int] = []
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(os, "setpriority", lambda _which, _pid, value: niced.append(value))
+    chosen = dataclasses.replace(args(config), realtime=10, nice=-5, nice_set=True)
+    feed = Feed(chosen, None, None, Metrics())  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="oracular.api"):
+        feed._prioritise(os.getpid())
+        feed._prioritise(os.getpid())  # a restarted API process: no second warning
+    warnings = [r for r in caplog.records if "ORACULAR_API_REALTIME" in r.getMessage()]
+    assert len(warnings) == 1 and feed.realtime_refused
+    assert "RLIMIT_RTPRIO of at least 10" in warnings[0].getMessage()
+    assert len(niced) == 2  # the nice value was set on each start instead
+
+
+def test_the_api_realtime_setting_is_off_unless_given_and_checked() -> None:
+    assert load_settings(env={}).api_realtime == 0
+    assert load_settings(env={"ORACULAR_API_REALTIME": "10"}).api_realtime == 10
+    with pytest.raises(SettingsError, match="ORACULAR_API_REALTIME"):
+        load_settings(env={"ORACULAR_API_REALTIME": "100"})
