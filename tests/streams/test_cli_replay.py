@@ -9,7 +9,7 @@ import msgpack
 
 from engine import Event, deserialize, replay
 from schemas.config import load_config
-from streams.cli import main
+from streams.cli import main, offline
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "oracular.yaml"
@@ -161,3 +161,20 @@ def test_check_config(capsys):
     """check-config summarises a valid config."""
     assert main(["check-config", str(CONFIG)]) == 0
     assert "upgrade: 4 signals, outcome upgrade.completed" in capsys.readouterr().out
+
+
+def test_progress_counts_every_line_though_it_is_advanced_per_chunk(tmp_path, capsys, monkeypatch):
+    """The progress line is advanced every `_PROGRESS_LINES` lines and once at the end: its
+    final count is every line, and the outputs do not depend on the chunk."""
+    lines = [json.dumps({**EVENTS[0], "id": f"e{n}", "ts": TS + n}) for n in range(10)]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines) + "\n")
+    written = []
+    for chunk in (4, 1, 256):
+        monkeypatch.setattr(offline, "_PROGRESS_LINES", chunk)
+        out = tmp_path / f"out-{chunk}.jsonl"
+        assert main(["replay", str(events), "--config", str(CONFIG), "--out", str(out)]) == 0
+        assert "replay: 10 events" in capsys.readouterr().err
+        written.append(out.read_bytes())
+    assert written[0] == written[1] == written[2]
+    assert len(written[0].splitlines()) == 11  # a prediction per event, the episode closed
