@@ -80,16 +80,19 @@ def read_lines(
         messages = _csv(handle, columns or CsvColumns())
     else:
         messages = _jsonl(handle) if fmt == "jsonl" else _msgpack(handle)
+    # Every `Line` by position (keywords cost about twice the call, once per line).
     for index, (where, raw, obj, parse_error, names) in enumerate(messages):
         if parse_error is not None:
-            yield Line(index, None, f"{where}: {parse_error}", raw=raw, where=where)
+            yield Line(index, None, f"{where}: {parse_error}", False, raw, where)
             continue
         try:
-            yield Line(index, event_from_message(obj), raw=raw, where=where)
+            event = event_from_message(obj)
         except IgnoredMessage:
-            yield Line(index, None, ignored=True, raw=raw, where=where)
+            yield Line(index, None, None, True, raw, where)
         except DecodeError as exc:
-            yield Line(index, None, f"{where}: {_rename(str(exc), names)}", raw=raw, where=where)
+            yield Line(index, None, f"{where}: {_rename(str(exc), names)}", False, raw, where)
+        else:
+            yield Line(index, event, None, False, raw, where)
 
 
 Parsed = tuple[str, bytes, Any, str | None, Mapping[str, str] | None]
