@@ -290,10 +290,7 @@ def _feed(run: OfflineRun, lines: Iterable[Line], out: TextIO, progress: _Progre
     chunk = _CHUNK_LINES if progress.seekable else 1
     lines = iter(lines)
     while read := list(islice(lines, chunk)):
-        outputs: list[Output] = []
-        for line in read:
-            outputs += run.feed_line(line)
-        _write(out, outputs)
+        _write(out, run.feed_lines(read))
         progress.advance(len(read))
 
 

@@ -13,6 +13,7 @@ from schemas.config import load_config
 from schemas.files import read_lines
 from streams.cli import main, offline
 from streams.runtime.progress import Progress
+from streams.tools import replay as replay_tool
 from streams.tools.replay import OfflineRun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,3 +211,25 @@ def test_a_pipe_is_applied_a_line_at_a_time():
     progress = offline._ProgressOf(Pipe(), Progress("replay", enabled=False))
     offline._feed(OfflineRun(config, "-", TS), lines(), out, progress)
     assert seen == [0, 1, 2, 3, 4]
+
+
+def test_feed_lines_gives_what_feed_line_gives_across_batches(monkeypatch):
+    """`OfflineRun.feed_lines` (the chunks `oracular replay` applies) and `feed_line` per line
+    give the same outputs in the same order, the same states and counters, with batches
+    (`BATCH_LINES`) ending inside a chunk."""
+    monkeypatch.setattr(replay_tool, "BATCH_LINES", 3)
+    config = load_config(CONFIG)
+    raw = [json.dumps({**EVENTS[n % 2], "id": f"e{n}", "ts": TS + n * MIN}) for n in range(11)]
+    raw[4:4] = ["garbage", raw[2], json.dumps({"type": "identify", "userId": "u1"})]
+    text = ("\n".join(raw) + "\n").encode()
+    one, chunks = OfflineRun(config, "f", TS), OfflineRun(config, "f", TS)
+    by_line = [o for line in read_lines(io.BytesIO(text), "jsonl") for o in one.feed_line(line)]
+    lines = list(read_lines(io.BytesIO(text), "jsonl"))
+    by_chunk = [o for at in range(0, len(lines), 4) for o in chunks.feed_lines(lines[at : at + 4])]
+    by_line += one.finish()
+    by_chunk += chunks.finish()
+    assert [(o.role, o.key, o.message) for o in by_chunk] == [
+        (o.role, o.key, o.message) for o in by_line
+    ]
+    assert len(by_line) > 10 and any(o.role == "dlq" for o in by_line)
+    assert chunks.stored() == one.stored() and chunks.counts == one.counts
