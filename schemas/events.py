@@ -332,8 +332,9 @@ def _plain_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) -
         return None
     at = _plain_iso(obj.get("timestamp"))
     sent_value = obj.get("sentAt")
+    # Each `Event` by position (user, at, name, type, intent, id): keywords cost twice the call.
     if at is None or sent_value is None:
-        return None if at is None else Event(user, at, name=name, id=message_id or None)
+        return None if at is None else Event(user, at, name, "event", None, message_id or None)
     sent, received = _plain_iso(sent_value), obj.get("receivedAt")
     if received is not None:
         received = _plain_iso(received)
@@ -343,7 +344,7 @@ def _plain_segment(obj: Mapping[str, Any], kind: str, fallback_ts: int | None) -
         received = sent  # no time of receipt: `at` as it is (`_corrected`)
     if sent is None or received is None or not _in_range(received - (sent - at)):
         return None
-    return Event(user, received - (sent - at), name=name, id=message_id or None)
+    return Event(user, received - (sent - at), name, "event", None, message_id or None)
 
 
 def _short_ascii(value: object) -> TypeGuard[str]:

@@ -108,14 +108,24 @@ class OfflineRun:
 
     def feed_line(self, line: Line) -> list[Output]:
         """Apply one file line (decoded by `schemas.files.read_lines`)."""
-        message = self._message(line.index, line.raw, line.event)
-        if line.ignored:
-            self.processor.count_input("ignored", message.partition)
-        elif line.event is None:
-            self.processor.dead_letter(self._batch, message, line.error or "undecodable")
-        else:
-            self.processor.apply(self._batch, message, line.event, self.clock_ms)
-        return self._after_one()
+        return self.feed_lines((line,))
+
+    def feed_lines(self, lines: Iterable[Line]) -> list[Output]:
+        """Apply file lines in order; their outputs, in order (as `feed_line` of each would
+        give them, without a list of outputs handed over per line)."""
+        processor, clock_ms = self.processor, self.clock_ms
+        outputs: list[Output] = []
+        for line in lines:
+            event = line.event
+            message = self._message(line.index, line.raw, event)
+            if line.ignored:
+                processor.count_input("ignored", message.partition)
+            elif event is None:
+                processor.dead_letter(self._batch, message, line.error or "undecodable")
+            else:
+                processor.apply(self._batch, message, event, clock_ms)
+            self._one_more(outputs)
+        return self._taken(outputs)
 
     def feed_event(self, index: int, event: Event) -> list[Output]:
         """Apply one event; `index` is its position (its offset in dead-letter records)."""
@@ -150,10 +160,22 @@ class OfflineRun:
         return InMessage(self.source, 0, index, key, raw, None)
 
     def _after_one(self) -> list[Output]:
-        outputs, self._batch.outputs = self._batch.outputs, []
+        outputs: list[Output] = []
+        self._one_more(outputs)
+        return self._taken(outputs)
+
+    def _one_more(self, outputs: list[Output]) -> None:
+        """Count one more input in the batch; a full batch's outputs go to `outputs`, its
+        users are held (`_store`) and a new batch starts."""
         self._pending += 1
         if self._pending >= BATCH_LINES:
+            outputs += self._batch.outputs
             self._store()
+
+    def _taken(self, outputs: list[Output]) -> list[Output]:
+        """`outputs` with the batch's outputs so far added (taken out of the batch)."""
+        outputs += self._batch.outputs
+        self._batch.outputs = []
         return outputs
 
     def _new_batch(self) -> Batch:

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from schemas import files
 from schemas.events import DecodeError, decode_event
 from schemas.files import CsvColumns, EventFileError, read_lines, read_sorted_events
 
@@ -283,3 +284,44 @@ def test_a_json_line_behind_a_byte_order_mark_is_refused_as_the_worker_refuses_i
     assert _errors(lines) == [f"line 1: {_worker_error(first)}"]
     assert "byte order mark" in _errors(lines)[0]
     assert _users(lines) == ["u1"]
+
+
+def _old_jsonl_line(message, topic):
+    """What `write_jsonl` wrote before its encoder was built once: `json.dumps` per line."""
+    fields = {("source_topic" if k == "topic" else k): v for k, v in message.items()}
+    return json.dumps(
+        {"topic": topic, **fields}, separators=(",", ":"), default=lambda b: b.decode("latin-1")
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"user": "u1", "intent": "upgrade", "p": 0.1 + 0.2, "n": 3, "big": 10**30, "ok": True},
+        {"user": "ü\u2028\ud800", "floats": [1e16, 1e-7, -0.0, 5e-324], "none": None},
+        {"error": "line 3: bad", "topic": "events", "key": b"\xff\x00k", "value": b'{"a":"\xe9"}'},
+        {"nested": {"a": [{"b": [1, 2, {"c": "d"}]}], "e": {}}, "list": []},
+        {"topic": "only the source topic"},
+        {},
+    ],
+)
+def test_jsonl_line_writes_what_json_dumps_wrote(message):
+    """The encoder built once (`_C_ENCODER`) and the per-line `json.dumps` give equal text,
+    dead letters' `topic` renamed, bytes as latin-1, non-ASCII escaped, floats as repr."""
+    expected = _old_jsonl_line(message, "oracular.x")
+    assert files.jsonl_line(message, "oracular.x") == expected
+    buffer = io.StringIO()
+    files.write_jsonl(buffer, message, "oracular.x")
+    assert buffer.getvalue() == expected + "\n"
+    assert message.get("topic", "") != "oracular.x"  # the message itself is not changed
+
+
+def test_jsonl_line_without_the_c_encoder_writes_the_same(monkeypatch):
+    message = {"user": "u", "topic": "t", "value": b"\x80", "p": 0.3}
+    monkeypatch.setattr(files, "_C_ENCODER", None)
+    assert files.jsonl_line(message, "o") == _old_jsonl_line(message, "o")
+
+
+def test_jsonl_line_is_the_c_encoder_here():
+    """CPython has the `_json` accelerator: the fast path is the one the replay takes."""
+    assert files._C_ENCODER is not None

@@ -5,9 +5,12 @@ Event or the same error text, with and without a record timestamp."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import Event
 from schemas import events
 from schemas.events import MAX_STRING, DecodeError, IgnoredMessage, event_from_message
 
@@ -117,3 +120,9 @@ def test_the_usual_segment_event_takes_the_plain_path():
         event = events._plain_segment(_USUAL, "track", fallback)
         assert event is not None
         assert _outcome(_USUAL, fallback) == _general(_USUAL, fallback) == ("ok", event)
+
+
+def test_event_fields_are_in_the_order_the_plain_path_passes_them():
+    """`_plain_segment` builds each Event by position: a field added or moved in
+    engine/replay.py must be added or moved there too."""
+    assert [f.name for f in fields(Event)] == ["user", "at", "name", "type", "intent", "id"]

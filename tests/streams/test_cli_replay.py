@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -9,7 +10,11 @@ import msgpack
 
 from engine import Event, deserialize, replay
 from schemas.config import load_config
-from streams.cli import main
+from schemas.files import read_lines
+from streams.cli import main, offline
+from streams.runtime.progress import Progress
+from streams.tools import replay as replay_tool
+from streams.tools.replay import OfflineRun
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "oracular.yaml"
@@ -161,3 +166,70 @@ def test_check_config(capsys):
     """check-config summarises a valid config."""
     assert main(["check-config", str(CONFIG)]) == 0
     assert "upgrade: 4 signals, outcome upgrade.completed" in capsys.readouterr().out
+
+
+def test_progress_counts_every_line_though_it_is_advanced_per_chunk(tmp_path, capsys, monkeypatch):
+    """Lines are applied a chunk of `_CHUNK_LINES` at a time, the progress line advanced per
+    chunk: its final count is every line, and the outputs do not depend on the chunk."""
+    lines = [json.dumps({**EVENTS[0], "id": f"e{n}", "ts": TS + n}) for n in range(10)]
+    lines[3:3] = ["garbage", lines[2], json.dumps({"type": "identify", "userId": "u1"})]
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines) + "\n")
+    written = []
+    for chunk in (4, 1, 256):
+        monkeypatch.setattr(offline, "_CHUNK_LINES", chunk)
+        out = tmp_path / f"out-{chunk}.jsonl"
+        assert main(["replay", str(events), "--config", str(CONFIG), "--out", str(out)]) == 0
+        assert "replay: 13 events" in capsys.readouterr().err
+        written.append(out.read_bytes())
+    assert written[0] == written[1] == written[2]
+    topics = [json.loads(line)["topic"] for line in written[0].splitlines()]
+    assert topics == [
+        *["oracular.predictions"] * 3,
+        "oracular.events.dlq",  # "garbage", between the predictions of its neighbours
+        *["oracular.predictions"] * 7,  # (the repeated line is a duplicate id: no output)
+        "oracular.episodes",
+    ]
+
+
+def test_a_pipe_is_applied_a_line_at_a_time():
+    """From a pipe, each line's outputs are written before the next line is read."""
+    config = load_config(CONFIG)
+    text = "".join(json.dumps({**EVENTS[0], "id": f"e{n}", "ts": TS + n}) + "\n" for n in range(5))
+    out = io.StringIO()
+    seen = []
+
+    def lines():
+        for line in read_lines(io.BytesIO(text.encode()), "jsonl"):
+            seen.append(len(out.getvalue().splitlines()))  # outputs written before this line
+            yield line
+
+    class Pipe(io.BytesIO):
+        def seekable(self) -> bool:
+            return False
+
+    progress = offline._ProgressOf(Pipe(), Progress("replay", enabled=False))
+    offline._feed(OfflineRun(config, "-", TS), lines(), out, progress)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_feed_lines_gives_what_feed_line_gives_across_batches(monkeypatch):
+    """`OfflineRun.feed_lines` (the chunks `oracular replay` applies) and `feed_line` per line
+    give the same outputs in the same order, the same states and counters, with batches
+    (`BATCH_LINES`) ending inside a chunk."""
+    monkeypatch.setattr(replay_tool, "BATCH_LINES", 3)
+    config = load_config(CONFIG)
+    raw = [json.dumps({**EVENTS[n % 2], "id": f"e{n}", "ts": TS + n * MIN}) for n in range(11)]
+    raw[4:4] = ["garbage", raw[2], json.dumps({"type": "identify", "userId": "u1"})]
+    text = ("\n".join(raw) + "\n").encode()
+    one, chunks = OfflineRun(config, "f", TS), OfflineRun(config, "f", TS)
+    by_line = [o for line in read_lines(io.BytesIO(text), "jsonl") for o in one.feed_line(line)]
+    lines = list(read_lines(io.BytesIO(text), "jsonl"))
+    by_chunk = [o for at in range(0, len(lines), 4) for o in chunks.feed_lines(lines[at : at + 4])]
+    by_line += one.finish()
+    by_chunk += chunks.finish()
+    assert [(o.role, o.key, o.message) for o in by_chunk] == [
+        (o.role, o.key, o.message) for o in by_line
+    ]
+    assert len(by_line) > 10 and any(o.role == "dlq" for o in by_line)
+    assert chunks.stored() == one.stored() and chunks.counts == one.counts
