@@ -10,16 +10,18 @@ process restarted with its replica rebuilt. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -422,36 +424,52 @@ def feed_with(config: Any, nice: int, nice_set: bool = True) -> Feed:
     return Feed(chosen, None, None, Metrics())  # type: ignore[arg-type]
 
 
-def test_the_api_process_gets_its_priority_relative_to_the_worker(config: Any) -> None:
-    """Set on the started process, relative to the worker's own nice value; where raising a
-    priority is not permitted, the process keeps the worker's and the test checks that."""
+@contextlib.contextmanager
+def waiting_child() -> Iterator[int]:
+    """A Python process that waits (for its stdin), as the API process stands in: its pid."""
     with subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE
     ) as child:
         try:
-            mine = os.getpriority(os.PRIO_PROCESS, 0)
-            feed = feed_with(config, -5)
-            feed._prioritise(child.pid)
-            expected = mine if feed.priority_refused else max(-20, mine - 5)
-            assert os.getpriority(os.PRIO_PROCESS, child.pid) == expected
-            feed_with(config, 3)._prioritise(child.pid)  # lowering is always permitted
-            assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(19, mine + 3)
+            yield child.pid
         finally:
             child.kill()
+
+
+def test_the_api_process_gets_its_priority_relative_to_the_worker(config: Any) -> None:
+    """Set on the started process, relative to the worker's own nice value; where raising a
+    priority is not permitted, the process keeps the worker's and the test checks that."""
+    with waiting_child() as pid:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        feed = feed_with(config, -5)
+        feed._prioritise(pid)
+        expected = mine if feed.priority_refused else max(-20, mine - 5)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == expected
+        feed_with(config, 3)._prioritise(pid)  # lowering is always permitted
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + 3)
+
+
+def refuse(*_: Any) -> None:
+    raise PermissionError(1, "Operation not permitted")
+
+
+def warnings_of_two_starts(
+    feed: Feed, caplog: pytest.LogCaptureFixture, setting: str
+) -> list[logging.LogRecord]:
+    """The warnings naming `setting` when the API process is given its priority twice (a
+    restarted process must not warn again)."""
+    with caplog.at_level("WARNING", logger="oracular.api"):
+        feed._prioritise(os.getpid())
+        feed._prioritise(os.getpid())
+    return [r for r in caplog.records if setting in r.getMessage()]
 
 
 def test_a_refused_priority_is_warned_once_and_the_process_still_starts(
     config: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse(*_: Any) -> None:
-        raise PermissionError(1, "Operation not permitted")
-
     monkeypatch.setattr(os, "setpriority", refuse)
     feed = feed_with(config, -5)
-    with caplog.at_level("WARNING", logger="oracular.api"):
-        feed._prioritise(os.getpid())
-        feed._prioritise(os.getpid())  # a restarted API process: no second warning
-    warnings = [r for r in caplog.records if "ORACULAR_API_NICE" in r.getMessage()]
+    warnings = warnings_of_two_starts(feed, caplog, "ORACULAR_API_NICE")
     assert len(warnings) == 1 and feed.priority_refused
     assert "not permitted" in warnings[0].getMessage()
     unset = feed_with(config, 0)  # 0: nothing to set, nothing refused
@@ -464,9 +482,6 @@ def test_a_refused_default_priority_is_an_info_line_not_a_warning(
 ) -> None:
     """ORACULAR_API_NICE unset: a worker that may not raise priorities (most containers) is
     a normal deployment, told once at INFO; set, the same refusal is a warning."""
-
-    def refuse(*_: Any) -> None:
-        raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "setpriority", refuse)
     with caplog.at_level("INFO", logger="oracular.api"):
@@ -488,36 +503,25 @@ def test_the_api_nice_setting_is_unset_unless_given() -> None:
 def test_the_api_process_runs_under_sched_rr_when_asked(config: Any) -> None:
     """ORACULAR_API_REALTIME=N: the started process's policy is SCHED_RR at N; where that is
     not permitted, it keeps the normal policy, the refusal is recorded, and nice applies."""
-    with subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE
-    ) as child:
-        try:
-            feed = Feed(dataclasses.replace(args(config), realtime=7), None, None, Metrics())  # type: ignore[arg-type]
-            feed._prioritise(child.pid)
-            if feed.realtime_refused:
-                assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER
-            else:
-                assert os.sched_getscheduler(child.pid) == os.SCHED_RR
-                assert os.sched_getparam(child.pid).sched_priority == 7
-        finally:
-            child.kill()
+    with waiting_child() as pid:
+        feed = Feed(dataclasses.replace(args(config), realtime=7), None, None, Metrics())  # type: ignore[arg-type]
+        feed._prioritise(pid)
+        if feed.realtime_refused:
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+        else:
+            assert os.sched_getscheduler(pid) == os.SCHED_RR
+            assert os.sched_getparam(pid).sched_priority == 7
 
 
 def test_a_refused_realtime_policy_is_one_warning_and_nice_still_applies(
     config: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse(*_: Any) -> None:
-        raise PermissionError(1, "Operation not permitted")
-
     niced: list[int] = []
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
     monkeypatch.setattr(os, "setpriority", lambda _which, _pid, value: niced.append(value))
     chosen = dataclasses.replace(args(config), realtime=10, nice=-5, nice_set=True)
     feed = Feed(chosen, None, None, Metrics())  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="oracular.api"):
-        feed._prioritise(os.getpid())
-        feed._prioritise(os.getpid())  # a restarted API process: no second warning
-    warnings = [r for r in caplog.records if "ORACULAR_API_REALTIME" in r.getMessage()]
+    warnings = warnings_of_two_starts(feed, caplog, "ORACULAR_API_REALTIME")
     assert len(warnings) == 1 and feed.realtime_refused
     assert "RLIMIT_RTPRIO of at least 10" in warnings[0].getMessage()
     assert len(niced) == 2  # the nice value was set on each start instead
