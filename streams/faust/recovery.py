@@ -10,6 +10,7 @@ restore are cleared the same way, after the consumer has read past them.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, cast
 
 from faust.tables.manager import TableManager
@@ -84,8 +85,31 @@ def _changelog_queue(self: TableManager) -> ThrowableQueue:
     meanwhile gets its records applied in order to the local copy Faust keeps anyway.
     """
     if self._changelog_queue is None:
+        _quiet_revoked_changelog_records()
         self._changelog_queue = self.app.FlowControlQueue(
             maxsize=self.app.conf.stream_buffer_maxsize,
             clear_on_resume=False,
         )
     return self._changelog_queue
+
+
+class _RevokedChangelogRecords(logging.Filter):
+    """Kept in the queue, records fetched for a changelog partition just revoked reach the
+    restore after the revocation, which logs each at WARNING ("recovery unknown topic") and
+    applies it in order to that partition's local copy. Expected at every rebalance now, and
+    thousands a time: DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and str(record.msg).startswith(
+            "recovery unknown topic"
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _quiet_revoked_changelog_records() -> None:
+    """Install _RevokedChangelogRecords on Faust's recovery logger (once)."""
+    logger = logging.getLogger("faust.tables.recovery")
+    if not any(isinstance(f, _RevokedChangelogRecords) for f in logger.filters):
+        logger.addFilter(_RevokedChangelogRecords())

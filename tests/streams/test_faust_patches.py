@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import logging
 import os
 import threading
 import weakref
@@ -1149,6 +1150,22 @@ def test_the_worker_applies_every_changelog_record_it_fetched(patched, tmp_path)
     assert _changelog_queue_after_flow_control(app) == ["record 10", "record 11"]
     app.flow_control.clear()  # other queues (the agents' streams) are still cleared
     assert all(queue.qsize() == 0 for queue in app.flow_control._queues)
+
+
+def test_a_revoked_partitions_changelog_records_are_not_a_warning_each(
+    patched: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kept, they reach the restore after a revocation, which logs each one: at DEBUG now
+    (thousands per rebalance), while the recovery's other warnings stay warnings."""
+    app = faust.App("revoked-records", broker="kafka://127.0.0.1:1", store="memory://")
+    assert app.tables.changelog_queue is not None  # the patched queue installs the filter
+    recovery_log = logging.getLogger("faust.tables.recovery")
+    with caplog.at_level("WARNING", logger="faust.tables.recovery"):
+        recovery_log.warning(
+            "recovery unknown topic TopicPartition(topic='c', partition=1) offset 7"
+        )
+        recovery_log.warning("Error in recovery boom")
+    assert [r.getMessage() for r in caplog.records] == ["Error in recovery boom"]
 
 
 def test_the_installed_faust_is_the_patched_version():
