@@ -41,7 +41,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 import msgpack
 import msgspec
@@ -273,20 +273,12 @@ _StoredV3 = tuple[
     bytes,  # recent times
 ]
 _DECODE_V3: Final = msgspec.msgpack.Decoder(_StoredV3).decode
-_HeaderV3 = tuple[
-    Literal[3],
-    Annotated[int, msgspec.Meta(ge=0, le=_MAX_PARTITION)],
-    Annotated[int, msgspec.Meta(ge=-1, le=_MAX_OFFSET)],
-    _Time | None,
-    msgspec.Raw,  # the state record: its bytes skipped, nothing built
-    _Count,
-    _Count,
-    _Time | None,
-    _Time | None,
-    _Count | None,
-    bytes,
-    bytes,
-]
+_V3_FIELDS: Final = get_args(_StoredV3)
+_HeaderV3: Final = tuple.__class_getitem__(
+    (*_V3_FIELDS[:4], msgspec.Raw, *_V3_FIELDS[5:])  # the state record: skipped, nothing built
+)
+"""`_StoredV3` with its state record (index 4) left as undecoded bytes; every header field
+typed and ranged as there."""
 _DECODE_V3_HEADER: Final = msgspec.msgpack.Decoder(_HeaderV3).decode
 
 
