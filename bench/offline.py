@@ -9,6 +9,12 @@ measured: `apply_event` per event (`Replayer`, the engine's reference replay), a
 and encoding the stored states the replay leaves (`schemas.stored`, µs per user: what a
 cache miss, a restore or a cold lookup pays).
 
+Two rungs between the engine and the command show where a replay's time beyond the engine
+goes: the leanest replay Python allows (`skeleton`: msgspec's parse, the event's three
+fields, `apply_event`, a three-field output line; no check of any kind, no bookkeeping), and
+the product's decoder with `apply_event` (`decoded_apply`: `schemas.files.read_lines` with
+every check of the input, the same minimal outputs, none of the processor's bookkeeping).
+
 `--profile` prints cProfile's top functions of one replay instead. `make bench` runs this
 with its defaults and records the section in BENCHMARKS.md.
 """
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import datetime
 import gc
+import io
 import os
 import pstats
 import statistics
@@ -28,10 +36,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from bench.realistic import CONFIG, DAY, START, realistic_stream
-from engine import EngineConfig, Event, Replayer, create_state, observe, predict
+from engine import (
+    EngineConfig,
+    EngineState,
+    Event,
+    Replayer,
+    apply_event,
+    create_state,
+    observe,
+    predict,
+)
 from schemas.config import load_config
 from schemas.events import DecodeError, IgnoredMessage, decode_event
+from schemas.files import read_lines
 from schemas.stored import decode_stored, encode_stored
 
 BEGIN, END = "<!-- bench:offline:begin -->", "<!-- bench:offline:end -->"
@@ -57,6 +77,10 @@ class Figures:
     """observe + predict events/s."""
     apply: float
     """apply_event events/s."""
+    skeleton: float
+    """The leanest replay's events/s (`skeleton`)."""
+    decoded_apply: float
+    """The product's decoder with `apply_event` (`decoded_apply`), events/s."""
     ratios: list[float]
     """replay / engine of each run pair."""
     decode_us: float
@@ -102,6 +126,67 @@ def apply_alone(config: EngineConfig, events: list[Event]) -> None:
         replayer.feed(event)
 
 
+_PARSE = msgspec.json.Decoder()
+_ENCODE = msgspec.json.Encoder()
+
+
+def skeleton(config: EngineConfig, lines: list[bytes]) -> dict[str, EngineState]:
+    """The leanest replay of the realistic stream's Segment lines Python allows: msgspec's
+    parse (no limit, duplicate key or encoding checked), the user, name and time as the
+    product's decoder computes them for this stream (`sentAt` without `receivedAt` in a file:
+    the time as sent), `apply_event`, and a line of user, time and the changed intents' `p`
+    per input that changes a prediction. Everything a real replay adds (its checks, the
+    dead letters, ids remembered, the stored users, the timers, full outputs) is left out:
+    the figure is a floor, not a product. Returns the states (tests compare them with
+    `Replayer`'s: the engine's work is all done)."""
+    fresh = create_state(config)
+    states: dict[str, EngineState] = {}
+    lines_out: list[bytes] = []
+    iso = datetime.datetime.fromisoformat
+    for raw in lines:
+        obj = _PARSE.decode(raw)
+        kind = obj.get("type")
+        if kind == "track":
+            name = obj["event"]
+        elif kind == "page":
+            name = "page.viewed"
+        else:
+            continue
+        user = obj["userId"]
+        at = int(iso(obj["timestamp"]).timestamp() * 1000)
+        step = apply_event(states.get(user, fresh), Event(user, at, name))
+        states[user] = step.state
+        if step.predictions:
+            changed = {intent: p.p for intent, p in step.predictions.items()}
+            lines_out.append(_ENCODE.encode({"user": user, "at": at, "p": changed}))
+            if len(lines_out) >= 256:
+                lines_out.clear()  # written to nowhere, as the replay's go to /dev/null
+    return states
+
+
+def decoded_apply(config: EngineConfig, events_path: Path) -> dict[str, EngineState]:
+    """The product's decoder over the file (`read_lines`: every check `oracular replay`
+    makes of an input) and `apply_event`, with `skeleton`'s minimal outputs: the replay
+    without the processor (no dedupe, stored users, timers or full output messages)."""
+    fresh = create_state(config)
+    states: dict[str, EngineState] = {}
+    lines_out: list[bytes] = []
+    with events_path.open("rb") as handle:
+        data = io.BytesIO(handle.read())  # read once, as the skeleton's lines are in memory
+    for line in read_lines(data, "jsonl"):
+        event = line.event
+        if event is None:
+            continue
+        step = apply_event(states.get(event.user, fresh), event)
+        states[event.user] = step.state
+        if step.predictions:
+            changed = {intent: p.p for intent, p in step.predictions.items()}
+            lines_out.append(_ENCODE.encode({"user": event.user, "at": event.at, "p": changed}))
+            if len(lines_out) >= 256:
+                lines_out.clear()
+    return states
+
+
 def replay(config_path: Path, events_path: Path) -> None:
     """`oracular replay EVENTS --config CONFIG --out /dev/null --quiet` in this process."""
     from streams.cli import main  # noqa: PLC0415 - the shell, imported only when measured
@@ -124,7 +209,7 @@ def replay(config_path: Path, events_path: Path) -> None:
         raise SystemExit(msg)
 
 
-def _seconds(fn: Callable[[], None]) -> float:
+def _seconds(fn: Callable[[], object]) -> float:
     """The CPU time `fn` takes in this process (`time.process_time`): on these shared
     two-core machines the wall clock also counts other jobs' turns, which moved wall-clock
     rates by 2-3x within minutes while the CPU time moved by a few percent."""
@@ -136,7 +221,6 @@ def _seconds(fn: Callable[[], None]) -> float:
 
 def stored_values(config_path: Path, events_path: Path) -> list[bytes]:
     """The table values a replay of the file leaves, one per user."""
-    from schemas.files import read_lines  # noqa: PLC0415
     from streams.tools.replay import OfflineRun  # noqa: PLC0415
 
     config = load_config(config_path)
@@ -203,11 +287,14 @@ def measure(events: int, users: int, runs: int, seed: int = 11) -> Figures:
     with tempfile.TemporaryDirectory(prefix="oracular-bench-") as tmp:
         path = Path(tmp) / "realistic.jsonl"
         path.write_bytes(b"".join(raw + b"\n" for raw in stream.messages))
-        replays, engines, applies = [], [], []
+        replays, engines, applies, skeletons, decodes = [], [], [], [], []
+        n = len(decoded)
         for _ in range(runs):
-            replays.append(len(decoded) / _seconds(lambda: replay(CONFIG, path)))
-            engines.append(len(decoded) / _seconds(lambda: engine_alone(config, decoded)))
-            applies.append(len(decoded) / _seconds(lambda: apply_alone(config, decoded)))
+            replays.append(n / _seconds(lambda: replay(CONFIG, path)))
+            engines.append(n / _seconds(lambda: engine_alone(config, decoded)))
+            applies.append(n / _seconds(lambda: apply_alone(config, decoded)))
+            skeletons.append(n / _seconds(lambda: skeleton(config, stream.messages)))
+            decodes.append(n / _seconds(lambda: decoded_apply(config, path)))
         values = stored_values(CONFIG, path)
     decode_us, encode_us = state_codec(config, values, runs)
     cold_lookup_us = cold_lookups(config, values, runs)
@@ -220,6 +307,8 @@ def measure(events: int, users: int, runs: int, seed: int = 11) -> Figures:
         replay=statistics.median(replays),
         engine=statistics.median(engines),
         apply=statistics.median(applies),
+        skeleton=statistics.median(skeletons),
+        decoded_apply=statistics.median(decodes),
         ratios=[r / e for r, e in zip(replays, engines, strict=True)],
         decode_us=decode_us,
         encode_us=encode_us,
@@ -255,6 +344,12 @@ def section(figures: Figures, runs: int, when: str, command: str) -> str:
             f"| engine alone | `observe` + one `predict` per event | {f.engine:,.0f} | 1.000 |",
             f"| apply_event | the engine's reference replay (`Replayer`) | {f.apply:,.0f} | "
             f"{f.apply / f.engine:.3f} |",
+            f"| the leanest replay | msgspec's parse, `apply_event`, a three-field output line; "
+            f"no check, no bookkeeping (`skeleton`: a floor) | {f.skeleton:,.0f} | "
+            f"{f.skeleton / f.engine:.3f} |",
+            f"| decoder + apply_event | every check of the input (`read_lines`), `apply_event`, "
+            f"the same minimal outputs; no processor | {f.decoded_apply:,.0f} | "
+            f"{f.decoded_apply / f.engine:.3f} |",
             f"| oracular replay | the command on the JSON file, outputs to /dev/null | "
             f"{f.replay:,.0f} | {ratio:.3f} |",
             "",
@@ -296,7 +391,8 @@ def main() -> None:
     figures = measure(args.events, args.users, args.runs, args.seed)
     print(
         f"replay {figures.replay:,.0f} events/s, engine alone {figures.engine:,.0f}, "
-        f"apply_event {figures.apply:,.0f}; replay/engine "
+        f"apply_event {figures.apply:,.0f}, the leanest replay {figures.skeleton:,.0f}, "
+        f"decoder + apply_event {figures.decoded_apply:,.0f}; replay/engine "
         f"{statistics.median(figures.ratios):.3f} "
         f"({', '.join(f'{r:.3f}' for r in figures.ratios)}); state decode "
         f"{figures.decode_us:.1f} µs/user, encode {figures.encode_us:.1f} µs/user; cold lookup "
