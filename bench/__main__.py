@@ -306,10 +306,11 @@ def main() -> int:
     )
     e2e.add_argument(
         "--peers",
-        default="faust,quix",
+        default="faust,quix,floor",
         help="peers drained beside the worker in the throughput phase (bench/peers; "
-        "comma-separated subset of faust,quix; 'none' for none; Quix Streams is pip-installed "
-        "on demand)",
+        "comma-separated subset of faust,quix,floor; 'none' for none; Quix Streams is "
+        "pip-installed on demand; floor: the passthrough's loop with the product's decoder "
+        "and engine)",
     )
     e2e.add_argument(
         "--processes",

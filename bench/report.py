@@ -508,6 +508,11 @@ def peers_text(r: Results) -> list[str]:
             "`sdf.to_topic(...)`; at-least-once with a checkpoint every 5 s that flushes the "
             "outputs and writes one changelog record per changed user; output timestamps set "
             "to the wall clock at processing)",
+            "floor": f"{label} (`bench/peers/engine_floor.py`: the passthrough's aiokafka loop "
+            "doing, per record, the product's decoder and `apply_event` on a dict of states with "
+            "the worker's collector policy, and sending one small output; no Faust, store, "
+            "changelog or commits: what any worker must at least do, so its ratio to the "
+            "passthrough bounds the worker's)",
         }.get(peer, label)
         if ok:
             rate = _median(ok, "rate")

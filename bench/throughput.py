@@ -28,6 +28,7 @@ DEFAULT_LATENESS_MS = 120_000  # the worker's default ORACULAR_LATENESS_MS
 PEERS = {
     "faust": ("bench.peers.faust_agent", "Faust agent", "faust-streaming"),
     "quix": ("bench.peers.quix_app", "Quix Streams", "quixstreams"),
+    "floor": ("bench.peers.engine_floor", "aiokafka + decoder + engine (a floor)", "aiokafka"),
 }
 """Peer name -> (module, label, distribution)."""
 
@@ -181,14 +182,11 @@ async def peer_run(
         )
     )
     await started.wait()
-    proc = bench.helper(
-        module,
-        name,
-        source=source,
-        dest=dest,
-        app_id=name,
-        datadir=bench.workdir / "state" / name,
-    ).start()
+    flags: dict[str, object] = {"source": source, "dest": dest, "app_id": name}
+    flags["datadir"] = bench.workdir / "state" / name
+    if peer == "floor":  # it runs the engine: the worker's config
+        flags["config"] = bench.config_path
+    proc = bench.helper(module, name, **flags).start()
     cpu0 = asyncio.create_task(cpu_at(first, proc.pid))
     error = ""
     try:
