@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -36,10 +38,12 @@ BATCH_MAX = 500  # the worker's ORACULAR_BATCH_MAX default, as getmany's max_rec
 START_WAIT_S = 120.0  # longest wait for the first input message
 
 
-async def passthrough(
-    bootstrap: str, source: str, dest: str, count: int | None, idle_exit_s: float
-) -> dict[str, float | int]:
-    """Forward `source` to `dest` through msgpack decode/encode; return counts and timings."""
+@contextlib.asynccontextmanager
+async def clients(
+    bootstrap: str, source: str
+) -> AsyncIterator[tuple[AIOKafkaConsumer, AIOKafkaProducer]]:
+    """A consumer of every partition of `source` from the start (no group, no commits) and
+    an acks=all producer, started, and stopped on the way out."""
     consumer = AIOKafkaConsumer(
         source,
         bootstrap_servers=bootstrap,
@@ -50,12 +54,23 @@ async def passthrough(
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await consumer.start()
     await producer.start()
+    try:
+        yield consumer, producer
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def passthrough(
+    bootstrap: str, source: str, dest: str, count: int | None, idle_exit_s: float
+) -> dict[str, float | int]:
+    """Forward `source` to `dest` through msgpack decode/encode; return counts and timings."""
     forwarded = 0
     started = time.monotonic()
     first: float | None = None
     cpu_first = 0.0
     last_input: float | None = None
-    try:
+    async with clients(bootstrap, source) as (consumer, producer):
         while count is None or forwarded < count:
             batches = await consumer.getmany(timeout_ms=200, max_records=BATCH_MAX)
             now = time.monotonic()
@@ -72,9 +87,6 @@ async def passthrough(
                     forwarded += 1
         await producer.flush()
         done, cpu_done = time.monotonic(), time.process_time()
-    finally:
-        await producer.stop()
-        await consumer.stop()
     elapsed = done - first if first is not None else 0.0
     cpu = cpu_done - cpu_first if first is not None else 0.0
     return {

@@ -23,9 +23,8 @@ import signal
 from pathlib import Path
 
 import msgpack
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from bench.passthrough import BATCH_MAX
+from bench.passthrough import BATCH_MAX, clients
 from engine import EngineConfig, EngineState, apply_event, create_state
 from schemas.config import load_config
 from schemas.events import IgnoredMessage, decode_event
@@ -56,20 +55,10 @@ async def run(bootstrap: str, source: str, dest: str, config: EngineConfig) -> N
     """Forward `source` to `dest`, applying every event, until SIGTERM."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    consumer = AIOKafkaConsumer(
-        source,
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await consumer.start()
-    await producer.start()
     states: dict[str, EngineState] = {}
     GcPolicy.tune()  # as the worker does: the states stay out of the collector's walks
     memory = GcPolicy()
-    try:
+    async with clients(bootstrap, source) as (consumer, producer):
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200, max_records=BATCH_MAX)
             for records in batches.values():
@@ -78,9 +67,6 @@ async def run(bootstrap: str, source: str, dest: str, config: EngineConfig) -> N
                     await producer.send(dest, out, key=record.key)
             memory.tick()
         await producer.flush()
-    finally:
-        await producer.stop()
-        await consumer.stop()
 
 
 def main() -> int:
