@@ -63,8 +63,9 @@ STALE_STATUS_S: Final = 3.0
 SYNC_CHUNK: Final = 2000
 """Values per message of a partition's full copy (the worker's loop runs between them)."""
 SLICE_VALUES: Final = 64
-"""Values the API process applies between two turns of its loop (`Replica.steps`): under
-0.1 ms of its CPU, where a full copy's message of `SYNC_CHUNK` values held the loop 0.4 ms."""
+"""Values the API process applies between two turns of its loop (`Replica.steps`): at most
+about 0.1 ms of its CPU, where a full copy's message of `SYNC_CHUNK` values held the loop up
+to 0.45 ms (BENCHMARKS.md)."""
 MAX_BACKLOG_BYTES: Final = 256 << 20
 """Unsent channel bytes beyond which the API process is taken for stuck and restarted."""
 MAX_DECODED: Final = 200_000
@@ -177,12 +178,10 @@ class Replica:
             self._apply_control(kind, message[1])
             yield
             return
-        partition, items = message[1], message[2]
-        self.values.setdefault(partition, {})  # an empty message still opens the partition
+        items = message[2]
+        values = self.values.setdefault(message[1], {})  # an empty message opens it too
         for start in range(0, len(items), SLICE_VALUES):
-            # Looked up again each step: the dict is the partition's for the whole message
-            # (no other message runs between two steps), but the step must not rely on it.
-            self._write(self.values.setdefault(partition, {}), items[start : start + SLICE_VALUES])
+            self._write(values, items[start : start + SLICE_VALUES])
             yield
 
     def _write(self, values: dict[bytes, bytes], items: list[Any]) -> None:
