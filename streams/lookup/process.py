@@ -14,6 +14,8 @@ import pickle
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from streams.lookup import api as api_module
 from streams.lookup.front import serve
@@ -28,6 +30,7 @@ from streams.lookup.replica import (
     Replica,
     ReplicaCache,
     ReplicaNode,
+    apply_yielding,
 )
 from streams.lookup.serving import RETRY_AFTER_S, ApiError
 from streams.runtime.memory import GcPolicy
@@ -84,23 +87,36 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
     )
     channel.send([READY])
     collector = asyncio.create_task(collect_garbage())
-    try:
-        async for message in messages:
-            kind = message[0]
-            if kind == STATUS:
-                node.take_status(message[1], api.metrics)
-            elif kind == APPENDED:
-                future = pending.get(message[1])
-                if future is not None and not future.done():
-                    if message[4] is None:
-                        future.set_result((message[2], message[3]))
-                    else:
-                        future.set_exception(ApiError(503, message[4], retry_after=RETRY_AFTER_S))
+
+    def take(message: list[Any]) -> None:
+        if message[0] == STATUS:
+            node.take_status(message[1], api.metrics)
+            return
+        future = pending.get(message[1])
+        if future is not None and not future.done():
+            if message[4] is None:
+                future.set_result((message[2], message[3]))
             else:
-                replica.apply(message)
+                future.set_exception(ApiError(503, message[4], retry_after=RETRY_AFTER_S))
+
+    try:
+        await follow(messages, replica, take)
     finally:
         collector.cancel()
         await runner.cleanup()
+
+
+async def follow(
+    messages: AsyncIterator[list[Any]], replica: Replica, take: Callable[[list[Any]], None]
+) -> None:
+    """Apply the worker's messages to `replica` in the order sent, each one whole before the
+    next starts, lookups running between their steps (`apply_yielding`); STATUS and APPENDED
+    go to `take`."""
+    async for message in messages:
+        if message[0] in (STATUS, APPENDED):
+            take(message)
+        else:  # awaited: the next message is applied only once this one is
+            await apply_yielding(replica, message)
 
 
 async def collect_garbage() -> None:

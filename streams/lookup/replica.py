@@ -62,6 +62,10 @@ STALE_STATUS_S: Final = 3.0
 """A status older than this (a frozen or stopped worker) makes the local partitions settling."""
 SYNC_CHUNK: Final = 2000
 """Values per message of a partition's full copy (the worker's loop runs between them)."""
+SLICE_VALUES: Final = 64
+"""Values the API process applies between two turns of its loop (`Replica.steps`): at most
+about 0.1 ms of its CPU, where a full copy's message of `SYNC_CHUNK` values held the loop up
+to 0.45 ms (BENCHMARKS.md)."""
 MAX_BACKLOG_BYTES: Final = 256 << 20
 """Unsent channel bytes beyond which the API process is taken for stuck and restarted."""
 MAX_DECODED: Final = 200_000
@@ -155,24 +159,63 @@ class Replica:
         last read (`Settled`): one entry, so a write drops both."""
 
     def apply(self, message: list[Any]) -> None:
+        """Apply one channel message at once."""
+        for _ in self.steps(message):
+            pass
+
+    def steps(self, message: list[Any]) -> Iterator[None]:
+        """Apply one channel message a step per iteration: a STATES message `SLICE_VALUES`
+        values at a time, any other message in one step.
+
+        The caller may run lookups between two steps (`apply_yielding`). Each value is written
+        with its key's decoded state dropped in the same step, so such a lookup reads every key
+        either as before the message or as after it, as a lookup between two messages does; the
+        position an answer reports is the value's own (`StoredUser.last_offset`), read with it,
+        so never one the replica does not hold. Nothing else changes a partition meanwhile: the
+        messages are applied one after the other."""
         kind = message[0]
-        if kind == STATES:
-            values = self.values.setdefault(message[1], {})
-            decoded = self.decoded
-            for key, value in message[2]:
-                decoded.pop(key, None)
-                if value is None:
-                    values.pop(key, None)
-                else:
-                    values[key] = value
-        elif kind in (BEGIN, DROP):
-            self.synced.discard(message[1])
-            for key in self.values.pop(message[1], {}):
+        if kind != STATES:
+            self._apply_control(kind, message[1])
+            yield
+            return
+        items = message[2]
+        values = self.values.setdefault(message[1], {})  # an empty message opens it too
+        for start in range(0, len(items), SLICE_VALUES):
+            self._write(values, items[start : start + SLICE_VALUES])
+            yield
+
+    def _write(self, values: dict[bytes, bytes], items: list[Any]) -> None:
+        decoded = self.decoded
+        for key, value in items:
+            decoded.pop(key, None)
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+
+    def _apply_control(self, kind: int, partition: int) -> None:
+        """BEGIN, DROP or SYNCED."""
+        if kind in (BEGIN, DROP):
+            self.synced.discard(partition)
+            for key in self.values.pop(partition, {}):
                 self.decoded.pop(key, None)
             if kind == BEGIN:
-                self.values[message[1]] = {}
+                self.values[partition] = {}
         elif kind == SYNCED:
-            self.synced.add(message[1])
+            self.synced.add(partition)
+
+
+async def apply_yielding(replica: Replica, message: list[Any]) -> None:
+    """Apply `message` to `replica`, the API process's loop running between its steps
+    (`Replica.steps`) and after it.
+
+    A full copy's message holds `SYNC_CHUNK` values and a busy worker's batch hundreds: applied
+    in one go, each held every lookup waiting on the loop for its whole length (BENCHMARKS.md).
+    The turn after the last step lets lookups in between two messages the channel delivered in
+    one read too. The caller awaits this before applying the next message, so the messages
+    are still applied in the order sent."""
+    for _ in replica.steps(message):
+        await asyncio.sleep(0)
 
 
 class ReplicaCache:

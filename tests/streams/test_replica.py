@@ -35,22 +35,26 @@ from engine import create_state, observe, predict_many
 from engine.episodes import clamp_time
 from engine.predict import predict_settled
 from schemas.config import load_config
-from schemas.stored import StoredUser, encode_stored
+from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams.lookup.api import bind
 from streams.lookup.front import Limits
 from streams.lookup.metrics import Family, Metrics
+from streams.lookup.process import follow
 from streams.lookup.replica import (
     BEGIN,
     DROP,
     FREEZE_DECODED,
+    SLICE_VALUES,
     STALE_STATUS_S,
     STATES,
+    STATUS,
     SYNCED,
     ChildArgs,
     Feed,
     Replica,
     ReplicaCache,
     ReplicaNode,
+    apply_yielding,
     chunks,
     pack,
     unpacker,
@@ -271,6 +275,143 @@ def test_a_full_copy_with_writes_between_its_chunks_equals_the_database(tmp_path
         assert replica.values[0] == dict(db.items())
     finally:
         db.close()
+
+
+# --- the feed applied a slice at a time ---------------------------------------------------
+
+
+def snapshot(replica: Replica) -> tuple[Any, ...]:
+    """What a lookup can see of `replica`: its values per partition and the synced ones."""
+    values = tuple(sorted((p, tuple(sorted(v.items()))) for p, v in replica.values.items()))
+    return values, tuple(sorted(replica.synced))
+
+
+def feed_messages() -> list[list[Any]]:
+    """Messages at the edges of a slice (0, 1, 64, 65 and 200 values), tombstones, a key
+    written twice in one message, two partitions, and every control message."""
+    keys = [b"k%03d" % n for n in range(200)]
+    return [
+        [BEGIN, 0],
+        [STATES, 0, [[k, b"a" + k] for k in keys]],
+        [SYNCED, 0],
+        [STATES, 0, []],
+        [STATES, 1, [[keys[0], b"p1"]]],
+        [STATES, 0, [[k, None] for k in keys[:SLICE_VALUES]]],
+        [STATES, 0, [[k, b"b" + k] for k in keys[: SLICE_VALUES + 1]] + [[keys[3], b"twice"]]],
+        [DROP, 1],
+        [BEGIN, 1],
+        [STATES, 1, [[k, b"c" + k] for k in keys[50:150]]],
+    ]
+
+
+def test_slices_leave_the_replica_that_apply_leaves() -> None:
+    """`Replica.steps`, run to its end, is `apply`: the same values, synced partitions and
+    decoded users dropped, a STATES message in one step per SLICE_VALUES values."""
+    whole, sliced = Replica(), Replica()
+    for message in feed_messages():
+        for replica in (whole, sliced):  # a decoded user of every key, dropped when written
+            kept = {b"k%03d" % n: ("kept", None) for n in range(0, 200, 7)}
+            replica.decoded.update(kept)  # type: ignore[arg-type]
+        whole.apply(message)
+        steps = sum(1 for _ in sliced.steps(message))
+        assert snapshot(sliced) == snapshot(whole) and sliced.decoded == whole.decoded
+        size = len(message[2]) if message[0] == STATES else None
+        assert steps == (1 if size is None else -(-size // SLICE_VALUES)), message[:2]
+
+
+def test_a_lookup_between_slices_reads_each_user_before_or_after_the_message(
+    config: Any,
+) -> None:
+    """A lookup between two steps reads each user's value as before the message or as after
+    it, with that value's own position (never one the replica does not hold), and the
+    decoded states it keeps are dropped when a later step writes their users: once the
+    message is applied, no lookup answers from a state older than it."""
+    replica = Replica()
+    cache = ReplicaCache(replica)
+    node = ReplicaNode(args(config), replica, append=None)  # type: ignore[arg-type]
+    keys = [b"u%03d" % n for n in range(3 * SLICE_VALUES + 5)]
+    replica.apply([BEGIN, 2])
+    old = [[k, stored(config, "pricing.viewed", 2, n)] for n, k in enumerate(keys)]
+    replica.apply([STATES, 2, old])
+    replica.apply([SYNCED, 2])
+    new = [[k, stored(config, "limit.hit", 2, 1000 + n)] for n, k in enumerate(keys)]
+
+    def lookup(key: bytes) -> int | None:
+        """The offset a lookup reports, read as `streams.lookup.api` reads (cache first)."""
+        kept = cache.peek(key)
+        if kept is None:
+            raw = node.get(2, key)
+            assert raw is not None
+            kept = decode_stored(raw, config)
+            cache.keep(key, kept)
+        return kept.last_offset
+
+    written = 0
+    for _ in replica.steps([STATES, 2, new]):
+        written = min(written + SLICE_VALUES, len(keys))
+        offsets = [lookup(k) for k in keys]
+        assert offsets == [1000 + n if n < written else n for n in range(len(keys))]
+    assert written == len(keys)
+    assert [lookup(k) for k in keys] == [1000 + n for n in range(len(keys))]
+
+
+async def test_the_loop_runs_between_the_slices_of_a_message() -> None:
+    """While `apply_yielding` applies a message, other tasks (lookups) run after every
+    SLICE_VALUES values: the probe sees the message part-applied (applied in one go, it would
+    see nothing or all of it)."""
+    replica = Replica()
+    replica.apply([BEGIN, 0])
+    total = 4 * SLICE_VALUES + 3
+    message = [STATES, 0, [[b"k%04d" % n, b"v"] for n in range(total)]]
+    seen: list[int] = []
+    applying = asyncio.create_task(apply_yielding(replica, message))
+    while not applying.done():
+        seen.append(len(replica.values[0]))
+        await asyncio.sleep(0)
+    await applying
+    assert seen == [0, SLICE_VALUES, 2 * SLICE_VALUES, 3 * SLICE_VALUES, 4 * SLICE_VALUES, total]
+
+
+async def test_messages_are_applied_one_after_the_other_while_lookups_run() -> None:
+    """Fed as the API process feeds its replica (`follow`, the messages delivered at once as
+    from one read), what a lookup between two steps sees is always the replica after some
+    first writes of the channel, in the order sent, never a later message's write before an
+    earlier one's; and a status is taken only once every message before it is applied."""
+    messages = feed_messages()
+    messages.insert(7, [STATUS, "after the first seven"])
+    model = Replica()  # the replica after each single write, in the order sent
+    states = [snapshot(model)]
+    status_at = 0
+    for message in messages:
+        if message[0] == STATUS:
+            status_at = len(states) - 1
+        elif message[0] == STATES:
+            model.apply([STATES, message[1], []])
+            for item in message[2]:
+                model.apply([STATES, message[1], [item]])
+                states.append(snapshot(model))
+        else:
+            model.apply(message)
+            states.append(snapshot(model))
+    index = {state: n for n, state in reversed(list(enumerate(states)))}
+
+    async def delivered() -> AsyncIterator[list[Any]]:
+        for message in messages:  # no turn of the loop between them, as from one read
+            yield message
+
+    replica = Replica()
+    taken = []
+    feeding = asyncio.create_task(
+        follow(delivered(), replica, lambda m: taken.append(index[snapshot(replica)]))
+    )
+    seen = []
+    while not feeding.done():
+        seen.append(index[snapshot(replica)])  # a KeyError: a state no order of writes makes
+        await asyncio.sleep(0)
+    await feeding
+    assert seen == sorted(seen) and len(set(seen)) > len(messages)  # mid-message states too
+    assert snapshot(replica) == states[-1]
+    assert taken == [status_at]
 
 
 # --- a real API process ------------------------------------------------------------------
