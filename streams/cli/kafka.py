@@ -6,11 +6,14 @@ Each imports Faust and aiokafka only when it runs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from schemas.config import load_config
 from streams.cli.common import (
@@ -35,6 +38,8 @@ from streams.runtime.progress import Progress
 from streams.settings import add_flag
 from streams.settings.exits import EXIT_NOTHING, EXIT_REFUSED
 from streams.tools.pretty import ORDER_WINDOW_S
+
+T = TypeVar("T")
 
 
 def register(commands: Any) -> None:
@@ -419,7 +424,6 @@ def run_worker(args: argparse.Namespace) -> int:
 @kafka_command("backfill")
 def run_backfill(args: argparse.Namespace) -> int:
     """`oracular backfill`: a bounded worker run under a fresh app id."""
-    import signal
     import time
 
     from schemas.events import show_time
@@ -670,9 +674,7 @@ def run_produce(args: argparse.Namespace) -> int:
 @kafka_command("tail")
 def run_tail(args: argparse.Namespace) -> int:
     """`oracular tail`: print output messages as JSON lines, or readably with --pretty."""
-    import signal
-
-    from streams.tools.kafkatools import run, tail_topics
+    from streams.tools.kafkatools import tail_topics
     from streams.tools.pretty import Filter, Tally
 
     settings = kafka_settings(args)  # --broker and --topic-prefix
@@ -685,11 +687,10 @@ def run_tail(args: argparse.Namespace) -> int:
     # `make run`), stop it as Ctrl-C does: what it holds is printed, then the tally. Once:
     # `make run` sends SIGTERM after the terminal's SIGINT, and the tally must still come out.
     stop = StopOnce()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    stop.install()
     tally = Tally() if args.pretty else None
     keep = Filter(frozenset(args.user or ()), frozenset(args.intent or ()), args.reveals)
-    run(
+    stop.run(
         tail_topics(
             settings.broker,
             topics,
@@ -709,20 +710,68 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 class StopOnce:
-    """A signal handler: KeyboardInterrupt for the first SIGINT or SIGTERM, the rest ignored.
+    """The first SIGINT or SIGTERM ends a command's run quietly; the rest are ignored.
 
-    Ignored here, not by switching to SIG_IGN: a second signal that arrived before Python ran
-    the first one's handler would find SIG_IGN when its turn came, and CPython raises
-    `OSError: Signal 15 ignored due to race condition` then (a traceback in `make run`'s
-    output when its SIGTERM follows the terminal's SIGINT on a busy machine)."""
+    Inside the run (`run`), a signal cancels the run's main task, as asyncio's own Ctrl-C
+    handling does, so the coroutine's `finally` blocks run in order (`oracular tail` prints
+    what it holds, then stops its consumer). A handler that raised KeyboardInterrupt instead
+    landed in whatever code was running, aiokafka's own tasks included, and such a task's
+    exception was then logged with a traceback ("Task exception was never retrieved") as
+    `make run` stopped on a busy machine.
+
+    Outside the run (before the loop starts, after it ends) a signal is only recorded: the
+    summary a command prints after its run must still come out when `make run` sends SIGTERM
+    after the terminal's SIGINT. The handler stays installed rather than switching to
+    SIG_IGN: a second signal that arrived before Python ran the first one's handler would find
+    SIG_IGN when its turn came, and CPython raises `OSError: Signal 15 ignored due to race
+    condition` then."""
+
+    SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.stopped = False
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM from now on (for the rest of the process)."""
+        for signum in self.SIGNALS:
+            signal.signal(signum, self)
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if not self.stopped:
-            self.stopped = True
-            raise KeyboardInterrupt
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._running is not None:
+            loop, task = self._running
+            task.cancel()
+            loop.call_soon_threadsafe(_nothing)  # wakes the loop if it waits in select
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        """`streams.tools.kafkatools.run(coro)`, which a signal ends quietly (None)."""
+        from streams.tools.kafkatools import run
+
+        result: T | None = run(self._main(coro))
+        return result
+
+    async def _main(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._running = (asyncio.get_running_loop(), task)
+        try:
+            if self.stopped:  # a signal before the loop started
+                coro.close()
+                return None
+            return await coro
+        except asyncio.CancelledError:
+            if self.stopped:
+                return None
+            raise
+        finally:
+            self._running = None
+
+
+def _nothing() -> None:
+    pass
 
 
 def tail_topic_names(wanted: str, topics: Any, suffix: str = "") -> list[str]:

@@ -1,8 +1,11 @@
-"""`oracular tail`'s stop on SIGINT or SIGTERM (`streams.cli.kafka.StopOnce`): once, and never
-a traceback when both arrive together (as `make run` sends them on Ctrl-C)."""
+"""`oracular tail`'s stop on SIGINT or SIGTERM (`streams.cli.kafka.StopOnce`): once, quietly,
+its run's `finally` blocks run, and never a traceback, also when both signals arrive together
+(as `make run` sends them on Ctrl-C)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -22,19 +25,72 @@ def handlers() -> Iterator[None]:
 
 def test_the_first_signal_stops_and_the_rest_are_ignored() -> None:
     stop = StopOnce()
-    with pytest.raises(KeyboardInterrupt):
-        stop(signal.SIGINT, None)
-    assert stop(signal.SIGTERM, None) is None
-    assert stop(signal.SIGINT, None) is None
+    stop(signal.SIGINT, None)  # outside a run: recorded, never raised
+    assert stop.stopped
+    stop(signal.SIGTERM, None)
+    stop(signal.SIGINT, None)
+    assert stop.stopped
+
+
+def test_a_signal_cancels_the_run_whose_finally_blocks_then_run_and_nothing_else_is_hit(
+    handlers: None,
+) -> None:
+    """The run's main task is cancelled: its `finally` runs (the tail prints what it holds
+    there and stops its consumer, awaiting), the run returns None, and a busy task beside it
+    (as aiokafka's fetch task is) gets no exception; later signals are ignored."""
+    stop = StopOnce()
+    stop.install()
+    seen: list[str] = []
+
+    async def busy() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    async def tail() -> str:
+        beside = asyncio.ensure_future(busy())
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(60)
+            return "not stopped"
+        finally:
+            await asyncio.sleep(0.01)  # an await in the finally still runs
+            seen.append("finally")
+            assert not beside.done()  # no KeyboardInterrupt landed in it
+            beside.cancel()
+
+    assert stop.run(tail()) is None
+    assert seen == ["finally"]
+    os.kill(os.getpid(), signal.SIGINT)  # after the run: the summary must still print
+    for _ in range(1000):  # handlers run between bytecodes: give it a few
+        pass
+    assert stop.stopped
+
+
+def test_a_run_that_ends_by_itself_returns_its_value() -> None:
+    async def done() -> int:
+        return 7
+
+    assert StopOnce().run(done()) == 7
+
+
+def test_a_signal_before_the_run_ends_it_at_once() -> None:
+    stop = StopOnce()
+    stop(signal.SIGTERM, None)
+    started: list[bool] = []
+
+    async def tail() -> None:
+        started.append(True)
+
+    assert stop.run(tail()) is None
+    assert started == []
 
 
 def test_sigint_and_sigterm_arriving_together_stop_once_without_an_error(handlers: None) -> None:
     """Both signals are pending before Python runs a handler (blocked, then released at
-    once): the first raises KeyboardInterrupt, and the second must find a handler still there,
-    not SIG_IGN (CPython raises `OSError: Signal 15 ignored due to race condition` then)."""
+    once): the second must find a handler still there, not SIG_IGN (CPython raises `OSError:
+    Signal 15 ignored due to race condition` then)."""
     stop = StopOnce()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    stop.install()
     both = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, both)
     try:
@@ -45,10 +101,7 @@ def test_sigint_and_sigterm_arriving_together_stop_once_without_an_error(handler
         signal.pthread_kill(me, signal.SIGINT)
         signal.pthread_kill(me, signal.SIGTERM)
     finally:
-        with pytest.raises(KeyboardInterrupt):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
-            for _ in range(1000):  # the handlers run between bytecodes; give them a few
-                pass
-    for _ in range(1000):  # the second one's turn: nothing may be raised
-        pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+        for _ in range(1000):  # the handlers run between bytecodes; give them a few
+            pass
     assert stop.stopped
