@@ -182,8 +182,12 @@ async def peer_run(
         )
     )
     await started.wait()
-    flags: dict[str, object] = {"source": source, "dest": dest, "app_id": name}
-    flags["datadir"] = bench.workdir / "state" / name
+    flags: dict[str, object] = {
+        "source": source,
+        "dest": dest,
+        "app_id": name,
+        "datadir": bench.workdir / "state" / name,
+    }
     if peer == "floor":  # it runs the engine: the worker's config
         flags["config"] = bench.config_path
     proc = bench.helper(module, name, **flags).start()
