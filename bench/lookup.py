@@ -57,6 +57,7 @@ from bench.synthetic import clickstream
 from bench.topics import create_topics, preload
 from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, helper
 from infra.broker import start_broker
+from infra.processes import cmdline, cpu_seconds, process_tree
 from schemas.config import load_config
 from streams.lookup.serving import partition_for
 from streams.settings import product_topics
@@ -192,6 +193,50 @@ async def lookup_load(
     return done
 
 
+def cpu_by_part(workers: list[Worker], broker_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of each part of the bench, from /proc: the two workers' own
+    processes, their API processes, this process (the lookup client), the broker, and the
+    whole machine (every process, other jobs included)."""
+    parts = {"workers": 0.0, "api": 0.0, "client": cpu_seconds(os.getpid()) or 0.0}
+    for worker in workers:
+        for pid in process_tree(worker.pid):
+            part = "api" if "streams.lookup.process" in cmdline(pid) else "workers"
+            parts[part] += cpu_seconds(pid) or 0.0
+    parts["broker"] = (cpu_seconds(broker_pid) or 0.0) if broker_pid else 0.0
+    with open("/proc/stat") as stat:  # the first line: every CPU's ticks by state
+        ticks = [int(x) for x in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    parts["machine"] = (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    return parts
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Keep every thread of each process (and, inherited, the threads and children it starts
+    later) on `cpus`."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                os.sched_setaffinity(int(task.name), cpus)
+
+
+def reserve_core(core: int, workers: list[Worker], others: list[int]) -> None:
+    """`--api-core`: the API processes on `core` alone, and the workers, the broker and this
+    process (`others`; the load generator it starts later inherits its cores) on every other
+    core, so no lookup waits for a core behind processing."""
+    rest = os.sched_getaffinity(0) - {core}
+    apis: list[int] = []
+    processing = list(others)
+    for worker in workers:
+        for pid in process_tree(worker.pid):
+            (apis if "streams.lookup.process" in cmdline(pid) else processing).append(pid)
+    if len(apis) != len(workers) or not rest:
+        msg = f"--api-core {core}: found API processes {apis}, cores left {sorted(rest)}"
+        raise RuntimeError(msg)
+    pin(processing, rest)
+    pin(apis, {core})
+    say(f"API processes {apis} on core {core}; the rest on {sorted(rest)}")
+
+
 async def start_workers(
     bootstrap: str, prefix: str, base: Path, extra: dict[str, str] | None = None
 ) -> list[Worker]:
@@ -229,9 +274,11 @@ async def window(
     total: int,
     rate: float | None = None,
     seconds: float = WINDOW_S,
+    cpu: Callable[[], dict[str, float]] = dict,
 ) -> dict[str, Any]:
     """One window of `seconds` draining, with or without lookups (closed-loop clients, or
-    `rate` lookups a second on a fixed schedule)."""
+    `rate` lookups a second on a fixed schedule); `cpu` gives each part's CPU seconds so far
+    (`cpu_by_part`), taken at both ends of the window."""
     stop = asyncio.Event()
     clients: list[asyncio.Task[Any]] = []
     if lookups and rate:
@@ -244,10 +291,12 @@ async def window(
             for _ in range(CLIENTS)
         ]
     t0, a0 = time.monotonic(), await applied(http, urls)
-    t1, a1 = t0, a0
+    c0 = cpu()
+    t1, a1, c1 = t0, a0, c0
     while time.monotonic() - t0 < seconds and a1 < total:
         await asyncio.sleep(0.5)
         t1, a1 = time.monotonic(), await applied(http, urls)
+        c1 = cpu()
     stop.set()
     latencies: list[float] = []
     done = 0
@@ -265,6 +314,7 @@ async def window(
         "rate": (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0,
         "lookups_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
         "drained": a1 >= total,
+        "cpu": {part: c1[part] - c0[part] for part in c1},
     }
     say(f"window {'with' if lookups else 'without'} lookups: {row}")
     row["latencies"] = latencies
@@ -356,6 +406,15 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         await preload(bootstrap, topics.events.name, events)
         workers = await start_workers(bootstrap, topics_prefix, base, dict(args.worker_env))
         urls = await api_urls(workers)
+        broker_pid = broker.pid if broker is not None else None
+        if args.api_core is not None:
+            reserve_core(
+                args.api_core, workers, [os.getpid(), *([broker_pid] if broker_pid else [])]
+            )
+
+        def cpu() -> dict[str, float]:
+            return cpu_by_part(workers, broker_pid)
+
         async with ClientSession(timeout=ClientTimeout(total=30)) as http:
             owners = await routing(http, urls)
             rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
@@ -363,7 +422,14 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
             # consumers fetched while they joined, up to twice the steady rate, and that
             # window would always be a "without" one.
             await window(
-                http, urls, owners, users, lookups=False, total=len(events), seconds=args.window
+                http,
+                urls,
+                owners,
+                users,
+                lookups=False,
+                total=len(events),
+                seconds=args.window,
+                cpu=cpu,
             )
             # A B B A A B B A ...: a drifting background load weighs on both alike.
             for n in range(args.runs * 2):
@@ -377,6 +443,7 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
                     total=len(events),
                     rate=args.lookup_rate,
                     seconds=args.window,
+                    cpu=cpu,
                 )
                 if row["drained"]:
                     say(
@@ -487,6 +554,7 @@ def report(
         + (f" --lookup-rate {args.lookup_rate:g}" if args.lookup_rate else "")
         + (f" --window {args.window:g}" if args.window != WINDOW_S else "")
         + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
+        + (f" --api-core {args.api_core}" if args.api_core is not None else "")
         + "\n"
     )
     print(
@@ -527,12 +595,60 @@ def report(
     )
     ratio = "n/a" if with_ is None or not without else f"{with_ / without:.2f}"
     print(f"\nthroughput ratio with/without lookups: {ratio}")
+    print_cpu(rows, lookup_rate)
     latencies = [x for r in rows["with"] for x in r.get("latencies", [])]
     if len(latencies) >= 100:
         p50, p99, top = percentiles(latencies)
         print(
             f"lookups during the draining windows (1 forward, {len(latencies):,}): "
             f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {top:.1f} ms"
+        )
+
+
+CPU_PARTS = (
+    ("workers", "the two workers"),
+    ("api", "their two API processes"),
+    ("client", "the lookup client (this process)"),
+    ("broker", "the broker"),
+    ("rest", "everything else on the machine"),
+    ("machine", "the whole machine"),
+)
+
+
+def print_cpu(rows: dict[str, list[dict[str, Any]]], lookup_rate: float | None) -> None:
+    """Where the cores went in the windows without and with lookups: each part's CPU seconds
+    per second (1.00 = one core), and the workers' CPU per event. A lookup's own cost is the
+    difference of API and client CPU between the two kinds, per lookup answered."""
+    pooled: dict[str, dict[str, float]] = {}
+    for mode in ("without", "with"):
+        seconds = sum(r["seconds"] for r in rows[mode])
+        if not seconds:
+            return
+        parts = {p: sum(r["cpu"].get(p, 0.0) for r in rows[mode]) / seconds for p, _ in CPU_PARTS}
+        parts["rest"] = parts["machine"] - sum(
+            parts[p] for p in ("workers", "api", "client", "broker")
+        )
+        parts["per_event_us"] = (
+            parts["workers"] * seconds / max(sum(r["events"] for r in rows[mode]), 1) * 1e6
+        )
+        pooled[mode] = parts
+    cores = os.cpu_count() or 1
+    print(f"\n| CPU, cores busy ({cores} on the machine) | without lookups | with lookups |")
+    print("|---|---:|---:|")
+    for part, label in CPU_PARTS:
+        print(f"| {label} | {pooled['without'][part]:.2f} | {pooled['with'][part]:.2f} |")
+    print(
+        f"| the workers' CPU per event applied, µs | {pooled['without']['per_event_us']:.1f} "
+        f"| {pooled['with']['per_event_us']:.1f} |"
+    )
+    if lookup_rate:
+        spent = {
+            part: (pooled["with"][part] - pooled["without"][part]) / lookup_rate * 1000
+            for part in ("api", "client")
+        }
+        print(
+            f"\na lookup's CPU (the difference with/without, per lookup answered): API "
+            f"processes {spent['api']:.2f} ms, client {spent['client']:.2f} ms"
         )
 
 
@@ -565,6 +681,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (workers' logs, datadirs)"
+    )
+    parser.add_argument(
+        "--api-core",
+        type=int,
+        help="a core for the two API processes alone: they are pinned to it, and the workers, "
+        "the broker, the load generator and this client to the other cores (a machine that "
+        "reserves a core for serving)",
     )
     add_worker_env_option(
         parser, "a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0"

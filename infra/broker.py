@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Final
 
 # Shared with the tests' and the benchmarks' worker processes.
-from infra.processes import LOG_TAIL_LINES, rss_bytes, tail, tied_to_parent
+from infra.processes import LOG_TAIL_LINES, cmdline, rss_bytes, tail, tied_to_parent
 from streams.settings import product_topics
 
 # Topic creation, the readiness probe and BrokerError live in streams.tools.admin: the installed
@@ -267,13 +267,6 @@ def pid_alive(pid: int) -> bool:
     return False
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
@@ -446,8 +439,8 @@ def find_running(workdir: Path) -> Broker | None:
         port = int(bootstrap_path(workdir).read_text().strip().rsplit(":", 1)[1])
     except (FileNotFoundError, ValueError, IndexError):
         return None
-    cmdline = _cmdline(pid)
-    if not pid_alive(pid) or "kafka.Kafka" not in cmdline or str(workdir) not in cmdline:
+    command = cmdline(pid)
+    if not pid_alive(pid) or "kafka.Kafka" not in command or str(workdir) not in command:
         return None
     return Broker(pid=pid, port=port, workdir=workdir)
 

@@ -264,6 +264,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line, its arguments joined by spaces ("" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def peak_rss_bytes(pid: int) -> int | None:
     """The process's peak resident memory so far (VmHWM; None if it is gone)."""
     return _status_bytes(pid, "VmHWM")

@@ -18,11 +18,15 @@ def args() -> argparse.Namespace:
         lookup_rate=200.0,
         window=WINDOW_S,
         worker_env=[],
+        api_core=None,
     )
 
 
-def window(lookups: bool, events: float, seconds: float) -> dict[str, object]:
+def window(
+    lookups: bool, events: float, seconds: float, cpu: dict[str, float] | None = None
+) -> dict[str, object]:
     return {
+        "cpu": cpu or {},
         "lookups": lookups,
         "events": events,
         "seconds": seconds,
@@ -54,3 +58,22 @@ def test_the_report_prints_what_was_measured(capsys, with_windows: int) -> None:
     else:
         assert "throughput ratio with/without lookups: n/a" in out
         assert "| none | n/a |" in out
+
+
+def test_the_report_says_where_the_cores_went(capsys) -> None:
+    """Each part's CPU per second of the windows, pooled, and a lookup's own CPU: the API and
+    client CPU the windows with lookups spent beyond those without, per lookup answered."""
+    without = {"workers": 3.0, "api": 0.2, "client": 0.1, "broker": 0.4, "machine": 7.0}
+    with_ = {"workers": 2.4, "api": 1.0, "client": 0.5, "broker": 0.4, "machine": 7.6}
+    rows = {
+        "without": [window(False, 8000.0, 4.0, without)],
+        "with": [window(True, 6000.0, 4.0, with_)],
+    }
+    report(args(), rows, LATENCY, LATENCY, offered=500.0, live=480.0, sources={})
+    out = capsys.readouterr().out
+    assert "| the two workers | 0.75 | 0.60 |" in out
+    assert "| their two API processes | 0.05 | 0.25 |" in out
+    assert "| everything else on the machine | 0.82 | 0.82 |" in out
+    assert "| the workers' CPU per event applied, µs | 375.0 | 400.0 |" in out
+    # (1.0 - 0.2) / 4 s / 200 lookups/s = 1 ms a lookup; the client (0.5 - 0.1) / 4 / 200
+    assert "API processes 1.00 ms, client 0.50 ms" in out
