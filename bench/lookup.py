@@ -61,6 +61,7 @@ from infra.processes import cmdline, cpu_seconds, process_tree
 from schemas.config import load_config
 from streams.lookup.serving import partition_for
 from streams.settings import product_topics
+from streams.settings.cpus import pin_process
 
 WINDOW_S = 8.0
 CLIENTS = 4
@@ -210,31 +211,24 @@ def cpu_by_part(workers: list[Worker], broker_pid: int | None) -> dict[str, floa
     return parts
 
 
-def pin(pids: list[int], cpus: set[int]) -> None:
-    """Keep every thread of each process (and, inherited, the threads and children it starts
-    later) on `cpus`."""
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                os.sched_setaffinity(int(task.name), cpus)
-
-
-def reserve_core(core: int, workers: list[Worker], others: list[int]) -> None:
-    """`--api-core`: the API processes on `core` alone, and the workers, the broker and this
-    process (`others`; the load generator it starts later inherits its cores) on every other
-    core, so no lookup waits for a core behind processing."""
+def reserve_core(core: int, workers: list[Worker], broker_pid: int | None) -> None:
+    """`--api-core`: the workers run with ORACULAR_API_CPUS=core (their API processes on it,
+    their own threads off it); here this process (the lookup client, as if on a machine of
+    its own) joins the API processes, and the broker (the load generator too, when started)
+    goes to the other cores: no lookup waits for a core behind processing, and no lookup's
+    CPU is taken from processing."""
     rest = os.sched_getaffinity(0) - {core}
-    apis: list[int] = []
-    processing = list(others)
     for worker in workers:
         for pid in process_tree(worker.pid):
-            (apis if "streams.lookup.process" in cmdline(pid) else processing).append(pid)
-    if len(apis) != len(workers) or not rest:
-        msg = f"--api-core {core}: found API processes {apis}, cores left {sorted(rest)}"
-        raise RuntimeError(msg)
-    pin(processing, rest)
-    pin(apis, {core})
-    say(f"API processes {apis} on core {core}; the rest on {sorted(rest)}")
+            api = "streams.lookup.process" in cmdline(pid)
+            with contextlib.suppress(ProcessLookupError):
+                if os.sched_getaffinity(pid) != ({core} if api else rest):
+                    msg = f"--api-core {core}: process {pid} ({cmdline(pid)[:80]}) is not pinned"
+                    raise RuntimeError(msg)
+    if broker_pid:
+        pin_process(broker_pid, rest)
+    pin_process(os.getpid(), {core})
+    say(f"API processes and this client on core {core}; workers and broker on {sorted(rest)}")
 
 
 async def start_workers(
@@ -384,7 +378,7 @@ async def latency(
     return rows
 
 
-async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one script
+async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915 - one script
     base = Path(tempfile.mkdtemp(prefix="oracular-lookup-bench-"))
     broker = None
     bootstrap = args.broker
@@ -404,13 +398,14 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         users = sorted({e.user for e in events})
         say(f"preloading {len(events):,} events of {len(users):,} users")
         await preload(bootstrap, topics.events.name, events)
-        workers = await start_workers(bootstrap, topics_prefix, base, dict(args.worker_env))
+        extra = dict(args.worker_env)
+        if args.api_core is not None:
+            extra["ORACULAR_API_CPUS"] = str(args.api_core)
+        workers = await start_workers(bootstrap, topics_prefix, base, extra)
         urls = await api_urls(workers)
         broker_pid = broker.pid if broker is not None else None
         if args.api_core is not None:
-            reserve_core(
-                args.api_core, workers, [os.getpid(), *([broker_pid] if broker_pid else [])]
-            )
+            reserve_core(args.api_core, workers, broker_pid)
 
         def cpu() -> dict[str, float]:
             return cpu_by_part(workers, broker_pid)
@@ -473,6 +468,8 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
             config=CONFIG,
             out=out,
         ).start()
+        if args.api_core is not None:  # started from this process: on its core
+            pin_process(loadgen.pid, set(range(os.cpu_count() or 1)) - {args.api_core})
         try:
             async with ClientSession(timeout=ClientTimeout(total=30)) as http:
                 await flowing(http, urls, live_rate)
@@ -685,9 +682,9 @@ def main() -> int:
     parser.add_argument(
         "--api-core",
         type=int,
-        help="a core for the two API processes alone: they are pinned to it, and the workers, "
-        "the broker, the load generator and this client to the other cores (a machine that "
-        "reserves a core for serving)",
+        help="a core reserved for the two API processes (the workers' ORACULAR_API_CPUS), "
+        "shared with this client (as if on a machine of its own), while the workers, the "
+        "broker and the load generator run on the other cores",
     )
     add_worker_env_option(
         parser, "a setting for both workers (repeatable), e.g. ORACULAR_STATE_CACHE_USERS=0"

@@ -94,6 +94,7 @@ from streams.lookup.serving import (
 )
 from streams.runtime import processor as processor_module
 from streams.settings import APP_HEADER, DEFAULT_API_NICE, DEFAULT_API_PORT, Settings
+from streams.settings.cpus import cpus_line, reserve_cpus
 from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from streams.settings.peers import Peers
 from streams.settings.topics import STATE_TABLE
@@ -1018,7 +1019,11 @@ class ApiService(Service):
         log.info(
             "oracular lookup API on %s:%s, advertised to other workers as %s", host, port, self.url
         )
-        log.info("lookup API process: %s", self.feed.process.pid if self.feed.process else "?")
+        log.info(
+            "lookup API process: %s%s",
+            self.feed.process.pid if self.feed.process else "?",
+            cpus_line(self.feed.args.cpus),
+        )
 
     async def on_stop(self) -> None:
         await self.feed.stop()
@@ -1199,6 +1204,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         nice=DEFAULT_API_NICE if settings.api_nice is None else settings.api_nice,
         nice_set=settings.api_nice is not None,
         realtime=settings.api_realtime,
+        cpus=reserve_cpus(settings.api_cpus),
     )
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)

@@ -52,6 +52,7 @@ from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
 from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, Settled
+from streams.settings.cpus import pin_process
 from streams.settings.peers import Peers
 
 log = logging.getLogger("oracular.api")
@@ -122,6 +123,8 @@ class ChildArgs:
     not raise priorities, as in most containers, is a normal deployment)."""
     realtime: int = 0
     """ORACULAR_API_REALTIME: the API process's SCHED_RR priority (0: the normal policy)."""
+    cpus: frozenset[int] | None = None
+    """ORACULAR_API_CPUS: the CPUs the API process runs on (None: the worker's)."""
 
 
 # --- the API process's side -----------------------------------------------------------------
@@ -464,6 +467,8 @@ class Feed:
             [sys.executable, "-m", "streams.lookup.process", *map(str, fds)], pass_fds=fds
         )
         theirs.close()
+        if self.args.cpus is not None:  # before it starts threads: they inherit its CPUs
+            pin_process(self.process.pid, self.args.cpus)
         self._prioritise(self.process.pid)
         self.channel = await Channel.open(mine)
         self.copies = {}

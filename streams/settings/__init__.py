@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
+from streams.settings.cpus import check_cpus
 from streams.settings.peers import Peers
 from streams.settings.topics import ProductTopics, declare_topics
 
@@ -265,6 +266,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "door's limits bound it. Needs root, CAP_SYS_NICE or a RLIMIT_RTPRIO that allows "
             "it; refused, one warning, and the API keeps ORACULAR_API_NICE "
             "(docs/serving.md)"),
+    Setting("api_cpus", "ORACULAR_API_CPUS", str, None,
+            "CPUs reserved for the lookup API, as `taskset -c` lists them (`3`, `2-3`): the "
+            "API process runs on them alone and the worker's own threads keep off them, so a "
+            "lookup never waits for a core behind the worker's batches nor takes one from them "
+            "(docs/serving.md). Unset: both may run on every CPU the worker may use"),
     Setting("ready_max_lag", "ORACULAR_READY_MAX_LAG", int, 10_000,
             "/readyz answers 503 while more input messages than this wait", "--ready-max-lag"),
 )  # fmt: skip
@@ -347,6 +353,7 @@ class Settings:
     api_max_body_bytes: int = default("api_max_body_bytes")
     api_nice: int | None = default("api_nice")
     api_realtime: int = default("api_realtime")
+    api_cpus: str | None = default("api_cpus")
     ready_max_lag: int = default("ready_max_lag")
 
     @property
@@ -612,6 +619,8 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
         problems.append(
             f"{label('api_nice')}: must be -20 to 19, as nice (got {settings.api_nice})"
         )
+    if settings.api_cpus is not None and (problem := check_cpus(settings.api_cpus)):
+        problems.append(f"{label('api_cpus')}: {problem}")
     if not settings.api_host.strip():
         problems.append(f"{label('api_host')}: must be an address such as 127.0.0.1")
     if settings.api_url is not None and not settings.api_url.startswith(("http://", "https://")):

@@ -9,6 +9,7 @@ is bounded by a named timeout and polls a condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -75,6 +76,27 @@ def api_pid(worker: FaustWorker) -> int:
     found = API_PROCESS_LINE.findall(worker.log_text(current_run_only=True))
     assert found, worker.log_tail()
     return int(found[-1])
+
+
+RESERVED_CPU = max(os.sched_getaffinity(0))
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """The CPUs any thread of process `pid` may run on, from /proc."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            found |= os.sched_getaffinity(int(task.name))
+    return found
+
+
+def assert_reserved_cpu(worker: FaustWorker) -> None:
+    """ORACULAR_API_CPUS=RESERVED_CPU: the API process runs on it alone, and no thread of the
+    worker does."""
+    assert worker.process is not None
+    assert thread_cpus(api_pid(worker)) == {RESERVED_CPU}
+    assert thread_cpus(worker.process.pid) == os.sched_getaffinity(0) - {RESERVED_CPU}
+    assert "this worker on CPUs" in worker.log_text(current_run_only=True)
 
 
 def replayed(config: EngineConfig, events: list[Event]) -> dict[str, EngineState]:
@@ -563,7 +585,8 @@ async def test_lookups_from_the_decoded_cache_equal_lookups_from_the_table(
 ) -> None:
     """The API process decodes a user from its copy of the table on the first lookup and
     answers the next ones from the decoded state, equal to the replay; restarted (and with
-    the worker's own cache of decoded users off) it gives the same answers."""
+    the worker's own cache of decoded users off, and a CPU reserved for its API process) it
+    gives the same answers."""
     dep, events, states, at = served_stream(
         kafka, request, {"ORACULAR_API_TOKEN": TOKEN}, events=1_000, users=60, seed=37
     )
@@ -573,7 +596,11 @@ async def test_lookups_from_the_decoded_cache_equal_lookups_from_the_table(
     for run in ("cache", "table"):
         if run == "table":
             worker.env["ORACULAR_STATE_CACHE_USERS"] = "0"  # restarted without a cache
+            if len(os.sched_getaffinity(0)) > 1:  # a CPU to reserve, one left for the worker
+                worker.env["ORACULAR_API_CPUS"] = str(RESERVED_CPU)
         url = api_url(worker.start())
+        if "ORACULAR_API_CPUS" in worker.env:
+            assert_reserved_cpu(worker)
         async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
             await wait_routing(http, [url])
             if run == "cache":

@@ -466,9 +466,12 @@ async def wait_for(condition: Any, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def served(config: Any, tmp_path: Path) -> AsyncIterator[tuple[str, Feed, FakeNode, Any]]:
-    """A `Feed` serving a fake worker that owns every partition, each with a database."""
+@contextlib.asynccontextmanager
+async def serving(
+    config: Any, tmp_path: Path, **overrides: Any
+) -> AsyncIterator[tuple[str, Feed, FakeNode, Any]]:
+    """A started `Feed` (its `ChildArgs` with `overrides`) serving a fake worker that owns
+    every partition, each with a database."""
     dbs = {
         p: rocksdict.Rdict(str(tmp_path / f"p{p}"), options=rocksdict.Options(raw_mode=True))
         for p in range(PARTITIONS)
@@ -477,7 +480,7 @@ async def served(config: Any, tmp_path: Path) -> AsyncIterator[tuple[str, Feed, 
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     views = {p: ["active", False, url] for p in range(PARTITIONS)}
     node = FakeNode(views, [], dbs)
-    feed = Feed(args(config, url), sock, node, Metrics())
+    feed = Feed(dataclasses.replace(args(config, url), **overrides), sock, node, Metrics())
     await feed.start()
     try:
         yield url, feed, node, dbs
@@ -486,6 +489,12 @@ async def served(config: Any, tmp_path: Path) -> AsyncIterator[tuple[str, Feed, 
         sock.close()
         for db in dbs.values():
             db.close()
+
+
+@pytest.fixture
+async def served(config: Any, tmp_path: Path) -> AsyncIterator[tuple[str, Feed, FakeNode, Any]]:
+    async with serving(config, tmp_path) as started:
+        yield started
 
 
 def write(feed: Feed, dbs: Any, config: Any, user: str, signal_name: str, offset: int) -> None:
@@ -673,3 +682,35 @@ def test_the_api_realtime_setting_is_off_unless_given_and_checked() -> None:
     assert load_settings(env={"ORACULAR_API_REALTIME": "10"}).api_realtime == 10
     with pytest.raises(SettingsError, match="ORACULAR_API_REALTIME"):
         load_settings(env={"ORACULAR_API_REALTIME": "100"})
+
+
+# --- the API process's CPUs (ORACULAR_API_CPUS) ---------------------------------------------
+
+
+def cpus_allowed(pid: int) -> set[int]:
+    """The CPUs of every thread of process `pid`, from /proc."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= os.sched_getaffinity(int(task.name))
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to reserve one")
+async def test_the_api_process_runs_on_its_reserved_cpus_and_so_does_a_restarted_one(
+    config: Any, tmp_path: Path
+) -> None:
+    reserved = frozenset({max(os.sched_getaffinity(0))})
+    async with serving(config, tmp_path, cpus=reserved) as (_url, feed, _, _):
+        assert feed.process is not None
+        first = feed.process.pid
+        assert cpus_allowed(first) == reserved  # its threads too (started after the pin)
+        feed.process.kill()
+
+        async def restarted() -> bool:
+            return feed.process is not None and feed.process.pid != first and feed.ready.is_set()
+
+        await wait_for(restarted, "the API process restarted")
+        assert cpus_allowed(feed.process.pid) == reserved
+    async with serving(config, tmp_path / "unset") as (_, unpinned, _, _):
+        assert unpinned.process is not None
+        assert cpus_allowed(unpinned.process.pid) == os.sched_getaffinity(0)
