@@ -177,6 +177,24 @@ def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[
     return predictions
 
 
+def predict_read(state: EngineState, at: int, intents: Sequence[str]) -> dict[str, Prediction]:
+    """`predict_many(state, at, intents)` with `at` no earlier than the state's clock, without
+    bringing the state to `at`: for a reader that only predicts (the lookup API).
+
+    A prediction reads of an intent only its evidence, its last outcome and its last reveal.
+    Bringing a state to `at` (`as_of`: a timed-out episode closed, ended attribution windows
+    settled) changes none of them: a close and a settle move the learned counts, the base
+    rate, the seen signals and the held episodes, which the next `observe` uses. So the state
+    predicts what its view predicts, bit for bit (tests/engine/test_properties.py), and
+    closing the episode was most of a cold lookup's engine time for nothing. `explain` reads
+    the counts: it still needs the view.
+
+    Raises:
+        UnknownIntentError: if the config does not declare one of `intents`.
+    """
+    return predict_settled(state, at, intents)
+
+
 def should_reveal(state: EngineState, intent: str, at: int) -> bool:
     """True when the intent's prompt should be shown now (`predict(...).reveal`)."""
     return predict(state, intent, at).reveal

@@ -71,7 +71,6 @@ from streams.lookup.serving import (
     PartitionView,
     PeerAnswerError,
     Route,
-    Settled,
     UserRead,
     answer,
     answer_json,
@@ -148,10 +147,6 @@ class UserCache(Protocol):
     def peek(self, key: bytes) -> StoredUser | None: ...
 
     def keep(self, key: bytes, stored: StoredUser) -> None: ...
-
-    def settled(self, key: bytes) -> Settled:
-        """The kept view of the user held under `key` (dropped with it)."""
-        ...
 
 
 @dataclass
@@ -519,7 +514,7 @@ class _Handlers:
             stored = cache.peek(key)
             if stored is not None and stored.partition == partition:
                 self.api.reads["cache"] += 1
-                return read_stored(stored, cache.settled(key))
+                return read_stored(stored)
         raw = self.node.get(partition, key)
         self.api.reads["table"] += 1
         if raw is None:
@@ -531,7 +526,6 @@ class _Handlers:
             raise ApiError(500, msg, partition=partition) from exc
         if cache is not None and decision.role == "active" and not settling:
             cache.keep(key, stored)
-            return read_stored(stored, cache.settled(key))
         return read_stored(stored)
 
     async def _forward_single(
