@@ -99,8 +99,8 @@ def as_of_span(state: EngineState, at: int) -> tuple[EngineState, int | None, in
     attribution window end (past it, a miss dated *at the window's end*). Between two such
     moments the view is the same; what depends on `at` itself (decay, cooldowns) is in
     `predict_settled`, computed per read. So a reader that keeps a user's view answers later
-    reads from it until the next moment (the lookup API: closing a timed-out episode was most
-    of a lookup's engine time). Reads are `clamp_time`d first, as `predict_many` does.
+    reads from it until the next moment (a reader that only predicts needs no view at all:
+    `predict_read`). Reads are `clamp_time`d first, as `predict_many` does.
     """
     moments: list[int] = []
     deadline = timeout_deadline(state)

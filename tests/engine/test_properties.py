@@ -131,7 +131,7 @@ def test_predict_many_is_predict_for_each_intent_asked(case, data):
 
 @given(case=cases(), data=st.data())
 def test_a_view_from_as_of_span_is_the_read_at_every_time_of_its_span(case, data):
-    """`as_of_span` (the lookup API keeps a user's view between reads): the view is `as_of`
+    """`as_of_span` (a reader may keep a user's view between reads): the view is `as_of`
     at every read time of its span, its ends included, and predicts from it are
     `predict_many`'s bit for bit; the span is never empty and holds the time it was made at."""
     states = run(create_state(case.engine_config()), case.steps)
