@@ -631,13 +631,17 @@ class _Handlers:
             remote: dict[str, list[int]] = {}
             local: list[tuple[int, int, Route, bool]] = []
             views: dict[int, PartitionView] = {}
+            # `route` is a function of the partition's view and the request only: decided once
+            # a partition (one view a batch already), not once a user.
+            routes: dict[int, Route] = {}
             for n, item in enumerate(batch.items):
                 partition = partition_for(item.user, self.node.partitions)
-                if partition not in views:
-                    views[partition] = self.node.view(partition)
-                decision = route(
-                    partition, views[partition], stale=batch.stale, forwarded=forwarded
-                )
+                decision = routes.get(partition)
+                if decision is None:
+                    view = views[partition] = self.node.view(partition)
+                    decision = routes[partition] = route(
+                        partition, view, stale=batch.stale, forwarded=forwarded
+                    )
                 if decision.action == "forward":
                     assert decision.url is not None
                     remote.setdefault(decision.url, []).append(n)
