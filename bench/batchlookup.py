@@ -10,7 +10,7 @@ the machine's cores do not count. Three cases:
 - owner, cold: every user of the batch owned here and not decoded yet (users not read before,
   while the users earlier batches decoded stay in the decoded-user cache, as they stay in the
   API process until their next write): decode, answers, the body's JSON;
-- owner, warm: the same users again, decoded and with their kept views;
+- owner, warm: the same users again, decoded;
 - forwarding: every user owned by another worker; the hop itself is replaced by the owner's
   answer to that batch computed beforehand, so this is the forwarding worker's own CPU: its
   request's parse and routing, the forward's body, and the parse and check of the answer.

@@ -99,8 +99,8 @@ def as_of_span(state: EngineState, at: int) -> tuple[EngineState, int | None, in
     attribution window end (past it, a miss dated *at the window's end*). Between two such
     moments the view is the same; what depends on `at` itself (decay, cooldowns) is in
     `predict_settled`, computed per read. So a reader that keeps a user's view answers later
-    reads from it until the next moment (the lookup API: closing a timed-out episode was most
-    of a lookup's engine time). Reads are `clamp_time`d first, as `predict_many` does.
+    reads from it until the next moment (a reader that only predicts needs no view at all:
+    `predict_read`). Reads are `clamp_time`d first, as `predict_many` does.
     """
     moments: list[int] = []
     deadline = timeout_deadline(state)
@@ -175,6 +175,24 @@ def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[
             config = _intent_config(view, name)  # raises UnknownIntentError, as documented
         predictions[name] = _prediction(states[name], config, at)
     return predictions
+
+
+def predict_read(state: EngineState, at: int, intents: Sequence[str]) -> dict[str, Prediction]:
+    """`predict_many(state, at, intents)` with `at` no earlier than the state's clock, without
+    bringing the state to `at`: for a reader that only predicts (the lookup API).
+
+    A prediction reads of an intent only its evidence, its last outcome and its last reveal.
+    Bringing a state to `at` (`as_of`: a timed-out episode closed, ended attribution windows
+    settled) changes none of them: a close and a settle move the learned counts, the base
+    rate, the seen signals and the held episodes, which the next `observe` uses. So the state
+    predicts what its view predicts, bit for bit (tests/engine/test_properties.py), and
+    closing the episode was most of a cold lookup's engine time for nothing. `explain` reads
+    the counts: it still needs the view.
+
+    Raises:
+        UnknownIntentError: if the config does not declare one of `intents`.
+    """
+    return predict_settled(state, at, intents)
 
 
 def should_reveal(state: EngineState, intent: str, at: int) -> bool:

@@ -71,7 +71,6 @@ from streams.lookup.serving import (
     PartitionView,
     PeerAnswerError,
     Route,
-    Settled,
     UserRead,
     answer,
     answer_json,
@@ -149,10 +148,6 @@ class UserCache(Protocol):
     def peek(self, key: bytes) -> StoredUser | None: ...
 
     def keep(self, key: bytes, stored: StoredUser) -> None: ...
-
-    def settled(self, key: bytes) -> Settled:
-        """The kept view of the user held under `key` (dropped with it)."""
-        ...
 
 
 @dataclass
@@ -520,7 +515,7 @@ class _Handlers:
             stored = cache.peek(key)
             if stored is not None and stored.partition == partition:
                 self.api.reads["cache"] += 1
-                return read_stored(stored, cache.settled(key))
+                return read_stored(stored)
         raw = self.node.get(partition, key)
         self.api.reads["table"] += 1
         if raw is None:
@@ -532,7 +527,6 @@ class _Handlers:
             raise ApiError(500, msg, partition=partition) from exc
         if cache is not None and decision.role == "active" and not settling:
             cache.keep(key, stored)
-            return read_stored(stored, cache.settled(key))
         return read_stored(stored)
 
     async def _forward_single(
@@ -638,13 +632,17 @@ class _Handlers:
             remote: dict[str, list[int]] = {}
             local: list[tuple[int, int, Route, bool]] = []
             views: dict[int, PartitionView] = {}
+            # `route` is a function of the partition's view and the request only: decided once
+            # a partition (one view a batch already), not once a user.
+            routes: dict[int, Route] = {}
             for n, item in enumerate(batch.items):
                 partition = partition_for(item.user, self.node.partitions)
-                if partition not in views:
-                    views[partition] = self.node.view(partition)
-                decision = route(
-                    partition, views[partition], stale=batch.stale, forwarded=forwarded
-                )
+                decision = routes.get(partition)
+                if decision is None:
+                    view = views[partition] = self.node.view(partition)
+                    decision = routes[partition] = route(
+                        partition, view, stale=batch.stale, forwarded=forwarded
+                    )
                 if decision.action == "forward":
                     assert decision.url is not None
                     remote.setdefault(decision.url, []).append(n)

@@ -22,9 +22,7 @@ its idle latency (BENCHMARKS.md has the A/B). Here the API is a child process
   frozen or stopped) makes every local partition settling, so a worker that lost its
   partitions while frozen never answers as their owner.
 - Memory: the child holds each user's encoded value once (about the size of the RocksDB
-  data, uncompressed) and the decoded states of users read since their last write, each with
-  its view as of its last read (`serving.Settled`: a timed-out episode closed, so the next
-  read of the user does not close it again).
+  data, uncompressed) and the decoded states of users read since their last write.
 - The worker restarts a child that died (its replica is rebuilt from the databases), and a
   child whose worker is gone (the channel closed) exits.
 """
@@ -51,7 +49,7 @@ from engine import EngineConfig
 from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
-from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, Settled
+from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView
 from streams.settings.cpus import pin_process
 from streams.settings.peers import Peers
 
@@ -157,9 +155,8 @@ class Replica:
     def __init__(self) -> None:
         self.values: dict[int, dict[bytes, bytes]] = {}
         self.synced: set[int] = set()
-        self.decoded: dict[bytes, tuple[StoredUser, Settled]] = {}
-        """Users decoded since their last write (`ReplicaCache`), each with its view as of its
-        last read (`Settled`): one entry, so a write drops both."""
+        self.decoded: dict[bytes, StoredUser] = {}
+        """Users decoded since their last write (`ReplicaCache`)."""
 
     def apply(self, message: list[Any]) -> None:
         """Apply one channel message at once."""
@@ -241,23 +238,17 @@ class ReplicaCache:
         """Users kept since the last freeze."""
 
     def peek(self, key: bytes) -> StoredUser | None:
-        kept = self.replica.decoded.get(key)
-        return None if kept is None else kept[0]
+        return self.replica.decoded.get(key)
 
     def keep(self, key: bytes, stored: StoredUser) -> None:
         decoded = self.replica.decoded
         if len(decoded) >= MAX_DECODED:
             decoded.clear()  # rare: more users read than kept; start again
-        # A new view with it: a view of another state of the user is not this one's.
-        decoded[key] = (stored, Settled())
+        decoded[key] = stored
         self.unfrozen += 1
         if self.unfrozen >= FREEZE_DECODED:
             gc.freeze()
             self.unfrozen = 0
-
-    def settled(self, key: bytes) -> Settled:
-        kept = self.replica.decoded.get(key)
-        return Settled() if kept is None else kept[1]  # None: not kept, so a view for one read
 
 
 class ReplicaNode:

@@ -24,10 +24,10 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from engine import EngineConfig, EngineState, create_state, explain, predict_many
+from engine import EngineConfig, EngineState, create_state, explain
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.episodes import clamp_time
-from engine.predict import as_of_span, predict_settled
+from engine.predict import predict_read
 from schemas.stored import StoredUser, decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
@@ -478,33 +478,6 @@ def route(partition: int, view: PartitionView, *, stale: bool, forwarded: bool) 
 # --- answers ------------------------------------------------------------------------------
 
 
-class Settled:
-    """A decoded user's state as of the last read (`engine.predict.as_of_span`), kept with
-    the decoded state by the API process's cache: a later read before the next moment the
-    view changes at (a timeout deadline, an attribution window's end) predicts from it
-    instead of bringing the state to its time again. Dropped with the decoded state when the
-    user is written."""
-
-    __slots__ = ("after", "until", "view")
-
-    def __init__(self) -> None:
-        self.view: EngineState | None = None
-        self.after: int | None = None
-        self.until: int | None = None
-
-    def as_of(self, state: EngineState, at: int) -> EngineState:
-        """`engine.predict.as_of(state, at)`: the kept view when it holds at `at`."""
-        view = self.view
-        if (
-            view is not None
-            and (self.after is None or at > self.after)
-            and (self.until is None or at <= self.until)
-        ):
-            return view
-        self.view, self.after, self.until = as_of_span(state, at)
-        return self.view
-
-
 @dataclass(frozen=True, slots=True)
 class UserRead:
     """One user's state read from the local table copy (or the prior, if unknown)."""
@@ -513,8 +486,6 @@ class UserRead:
     known: bool
     partition: int
     last_offset: int | None
-    settled: Settled | None = None
-    """The state's kept view (`Settled`), when the reader keeps one."""
 
 
 def read_user(raw: bytes | None, config: EngineConfig, partition: int) -> UserRead:
@@ -524,10 +495,9 @@ def read_user(raw: bytes | None, config: EngineConfig, partition: int) -> UserRe
     return read_stored(decode_stored(raw, config))
 
 
-def read_stored(stored: StoredUser, settled: Settled | None = None) -> UserRead:
-    """A known user's state already decoded (the worker's cache of decoded users holds it),
-    with its kept view if the cache keeps one."""
-    return UserRead(stored.state, True, stored.partition, stored.last_offset, settled)
+def read_stored(stored: StoredUser) -> UserRead:
+    """A known user's state already decoded (the worker's cache of decoded users holds it)."""
+    return UserRead(stored.state, True, stored.partition, stored.last_offset)
 
 
 def answer(
@@ -548,13 +518,10 @@ def answer(
     names = list(state.config.intents) if intents is None else intents
     at = clamp_time(state, at)  # time never runs backwards in a state
     out: dict[str, Any] = {}
-    # The state is brought to `at` once for the intents asked (once per intent cost a quarter
-    # of a lookup), or not at all when the kept view holds at `at`; only those are predicted.
-    if read.settled is None:
-        predictions = predict_many(state, at, names)
-    else:
-        predictions = predict_settled(read.settled.as_of(state, at), at, names)
-    for name, prediction in predictions.items():
+    # Only the intents asked are predicted, from the state as it is: bringing it to `at`
+    # (closing a timed-out episode) changes nothing a prediction reads (`predict_read`), and
+    # was a third of a cold lookup's CPU.
+    for name, prediction in predict_read(state, at, names).items():
         item: dict[str, Any] = {
             "p": prediction.p,
             "lower": prediction.lower,

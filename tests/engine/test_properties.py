@@ -32,7 +32,7 @@ from engine import (
     should_reveal,
 )
 from engine.packing import pack
-from engine.predict import as_of, as_of_span, predict_settled
+from engine.predict import as_of, as_of_span, predict_read, predict_settled
 from engine.serialize import state_to_record
 from tests.engine.strategies import (
     DAY,
@@ -131,7 +131,7 @@ def test_predict_many_is_predict_for_each_intent_asked(case, data):
 
 @given(case=cases(), data=st.data())
 def test_a_view_from_as_of_span_is_the_read_at_every_time_of_its_span(case, data):
-    """`as_of_span` (the lookup API keeps a user's view between reads): the view is `as_of`
+    """`as_of_span` (a reader may keep a user's view between reads): the view is `as_of`
     at every read time of its span, its ends included, and predicts from it are
     `predict_many`'s bit for bit; the span is never empty and holds the time it was made at."""
     states = run(create_state(case.engine_config()), case.steps)
@@ -149,6 +149,20 @@ def test_a_view_from_as_of_span_is_the_read_at_every_time_of_its_span(case, data
             assert predict_settled(view, t, list(view.config.intents)) == predict_many(state, t)
         if until is not None:  # the span ends where the read changes
             assert state_to_record(as_of(state, until + 1)) != state_to_record(view)
+
+
+@given(case=cases(), data=st.data())
+def test_predict_read_is_predict_many_without_the_view(case, data):
+    """`predict_read` predicts from the state as it is (the lookup API: no timed-out episode
+    closed, no window settled) what `predict_many` predicts from the view, bit for bit (repr:
+    -0.0 is not 0.0), at any read time from the clock on: past timeouts and windows too."""
+    states = run(create_state(case.engine_config()), case.steps)
+    for step, state in zip(case.steps, states, strict=True):
+        at = _read_time(state, step_time(step)) + data.draw(st.integers(0, 40 * 86_400_000))
+        declared = list(state.config.intents)
+        asked = data.draw(st.lists(st.sampled_from(declared), unique=True)) + declared
+        expected = predict_many(state, at, asked)
+        assert repr(predict_read(state, at, asked)) == repr(expected), at
 
 
 # --- determinism ---------------------------------------------------------------------------------

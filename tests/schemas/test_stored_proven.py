@@ -7,6 +7,7 @@ with bytes flipped, cut or added, or with a repeated key. Its encoder writes msg
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from typing import Any, get_args
 
@@ -33,6 +34,7 @@ from tests.engine.test_serialize import CFG, _busy_state
 from tests.engine.test_serialize_plain import ODD, _leaves, _set
 
 STORED = sys.modules["schemas.stored"]
+SERIALIZE = sys.modules["engine.serialize"]
 
 MORE_ODD = [
     b"",
@@ -252,3 +254,62 @@ def test_a_record_that_is_not_msgpack_decodable_leaves_the_header_readable() -> 
     assert stored_version(broken) == (41, 1)
     assert stored_index(broken).partition == 3
     assert _old(broken, config)[2] == ("value", "None")  # the msgpack path refused it all
+
+
+@st.composite
+def changed_configs(draw: st.DrawFn, config: dict[str, Any]) -> EngineConfig:
+    """`config` (camelCase) changed as a redeploy may change it: an intent dropped or added,
+    a signal dropped or added, attribution switched off; or left as it is."""
+    changed = copy.deepcopy(config)
+    intents = changed["intents"]
+    name = draw(st.sampled_from(sorted(intents)))
+    signals = intents[name]["signals"]
+    change = draw(st.sampled_from(["none", "drop intent", "add intent", "drop", "add", "off"]))
+    if change == "drop intent" and len(intents) > 1:
+        del intents[name]
+    elif change == "add intent":
+        intents["new"] = {"signals": {"docs.read": 1.0}, "outcome": "upgrade.completed"}
+    elif change == "drop" and len(signals) > 1:
+        del signals[draw(st.sampled_from(sorted(signals)))]
+    elif change == "add":
+        signals["added.signal"] = 2.0
+    elif change == "off":
+        intents[name].pop("attribution", None)
+    return EngineConfig.from_dict(changed)
+
+
+def _fits_as_before(state: Any) -> bool:
+    """`engine.serialize._fit_to_config`'s test of a state that fits, as it was written before
+    its loops (all() over generators)."""
+    config = state.config
+    return state.intents.keys() == config.intents.keys() and all(
+        _intent_fits_as_before(state.intents[name], intent_config)
+        for name, intent_config in config.intents.items()
+    )
+
+
+def _intent_fits_as_before(intent: Any, config: Any) -> bool:
+    declared = config.signals.keys()
+    return (
+        intent.learned.keys() == declared
+        and intent.evidence.keys() <= declared
+        and intent.seen.keys() <= declared
+        and (config.attribution_ms is not None or not intent.pending)
+        and all(set(held.signals) <= declared for held in intent.pending)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_value_read_under_a_changed_config_reads_as_the_msgpack_path_reads_it(data) -> None:
+    """Under a config other than the one it was written under, the msgspec path fits the
+    state to it as the msgpack path does (the same user, bit for bit), and a state is kept
+    as it is exactly when the fit's old test said it fits."""
+    case = data.draw(cases(max_size=16))
+    written = EngineConfig.from_dict(case.config)
+    user = StoredUser(final(create_state(written), case.steps), 0, 1)
+    raw = encode_stored(user)
+    other = data.draw(changed_configs(case.config))
+    assert _outcome(raw, other) == _old(raw, other)
+    moved = dataclasses.replace(user.state, config=other)
+    assert (SERIALIZE._fit_to_config(moved) is moved) == _fits_as_before(moved)

@@ -18,7 +18,6 @@ from schemas.config import load_config
 from schemas.stored import decode_stored
 from streams.lookup.serving import (
     PeerAnswerError,
-    Settled,
     answer,
     answer_json,
     check_peer_batch,
@@ -196,7 +195,7 @@ def test_a_batch_result_built_with_its_status_is_the_old_status_then_answer(app_
     stored = [
         decode_stored(raw, config) for values in replica.values.values() for raw in values.values()
     ]
-    reads = [read_stored(s, Settled()) for s in stored] + [read_user(None, config, 3)]
+    reads = [read_stored(s) for s in stored] + [read_user(None, config, 3)]
     for read in reads:
         for intents in (None, ["churn"], sorted(config.intents)):
             for with_explain in (False, True):

@@ -1053,21 +1053,21 @@ async def test_an_owner_answer_of_another_shape_is_decoded(config, http) -> None
 
 
 def test_a_single_intent_lookup_predicts_only_that_intent(config, monkeypatch) -> None:
-    """The state is read as of `at` once; only the intents asked for are predicted."""
+    """The state is predicted once for all intents asked; only those are predicted."""
     from streams.lookup import serving
     from streams.lookup.serving import UserRead, answer
 
     user = "one-intent"
     state = stored_user(config, user, 0).state
     predicted: list[str] = []
-    real = serving.predict_many
+    real = serving.predict_read
 
-    def spy(state: Any, at: int, intents: Any = None) -> Any:
+    def spy(state: Any, at: int, intents: Any) -> Any:
         found = real(state, at, intents)
         predicted.extend(found)
         return found
 
-    monkeypatch.setattr(serving, "predict_many", spy)
+    monkeypatch.setattr(serving, "predict_read", spy)
     kwargs: dict[str, Any] = {"at": TS + 90 * MIN, "with_explain": False, "served_by": {}}
     one = answer(UserRead(state, True, 0, 1), user, intents=["churn"], config_id="x", **kwargs)
     assert predicted == ["churn"] and list(one["intents"]) == ["churn"]
