@@ -30,6 +30,7 @@ from streams.lookup.replica import (
     Replica,
     ReplicaCache,
     ReplicaNode,
+    Warmer,
     apply_yielding,
 )
 from streams.lookup.serving import RETRY_AFTER_S, ApiError
@@ -66,6 +67,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
             pending.pop(request, None)
 
     node = ReplicaNode(args, replica, append)
+    cache = ReplicaCache(replica)
     server_ssl, client_ssl = api_module.load_tls(*args.tls)
     api = api_module.Api(
         node,
@@ -76,7 +78,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         app_id=args.app_id,
         peers=args.peers,
         limits=args.limits,
-        cache=ReplicaCache(replica),
+        cache=cache,
     )
     runner, api.guard = await serve(
         api_module.build_web_app(api),
@@ -86,7 +88,9 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         app_id=args.app_id,
     )
     channel.send([READY])
-    collector = asyncio.create_task(collect_garbage())
+    tasks = [asyncio.create_task(collect_garbage())]
+    if args.cpus is not None:  # a core of its own: decode users as they are written
+        tasks.append(asyncio.create_task(Warmer(replica, cache, args.config, node).run()))
 
     def take(message: list[Any]) -> None:
         if message[0] == STATUS:
@@ -102,7 +106,8 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
     try:
         await follow(messages, replica, take)
     finally:
-        collector.cancel()
+        for task in tasks:
+            task.cancel()
         await runner.cleanup()
 
 
