@@ -30,7 +30,6 @@ from streams.lookup.replica import (
     Replica,
     ReplicaCache,
     ReplicaNode,
-    Warmer,
     apply_yielding,
 )
 from streams.lookup.serving import RETRY_AFTER_S, ApiError
@@ -67,7 +66,6 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
             pending.pop(request, None)
 
     node = ReplicaNode(args, replica, append)
-    cache = ReplicaCache(replica)
     server_ssl, client_ssl = api_module.load_tls(*args.tls)
     api = api_module.Api(
         node,
@@ -78,7 +76,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         app_id=args.app_id,
         peers=args.peers,
         limits=args.limits,
-        cache=cache,
+        cache=ReplicaCache(replica),
     )
     runner, api.guard = await serve(
         api_module.build_web_app(api),
@@ -88,9 +86,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         app_id=args.app_id,
     )
     channel.send([READY])
-    tasks = [asyncio.create_task(collect_garbage())]
-    if args.cpus is not None:  # a core of its own: decode users as they are written
-        tasks.append(asyncio.create_task(Warmer(replica, cache, args.config, node).run()))
+    collector = asyncio.create_task(collect_garbage())
 
     def take(message: list[Any]) -> None:
         if message[0] == STATUS:
@@ -106,8 +102,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
     try:
         await follow(messages, replica, take)
     finally:
-        for task in tasks:
-            task.cancel()
+        collector.cancel()
         await runner.cleanup()
 
 

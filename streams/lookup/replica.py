@@ -45,8 +45,8 @@ from typing import Any, Final
 
 import msgpack
 
-from engine import EngineConfig, EngineError
-from schemas.stored import StoredUser, decode_stored
+from engine import EngineConfig
+from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
 from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView
@@ -69,11 +69,6 @@ MAX_BACKLOG_BYTES: Final = 256 << 20
 """Unsent channel bytes beyond which the API process is taken for stuck and restarted."""
 MAX_DECODED: Final = 200_000
 """Decoded users kept at most by the API process (a few KiB each)."""
-MAX_WARM: Final = 50_000
-"""Decoded users beyond which the API process decodes no more written users ahead of their
-reads (`Warmer`): a decoded user costs a few KiB."""
-WARM_SLICE: Final = 8
-"""Users the `Warmer` decodes between two turns of the API process's loop (about 0.25 ms)."""
 FREEZE_DECODED: Final = 32
 """Decoded users kept between two freezes of the collector's generations (`ReplicaCache.keep`)."""
 APPEND_TIMEOUT_S: Final = 10.0
@@ -162,9 +157,6 @@ class Replica:
         self.synced: set[int] = set()
         self.decoded: dict[bytes, StoredUser] = {}
         """Users decoded since their last write (`ReplicaCache`)."""
-        self.written: dict[tuple[int, bytes], None] | None = None
-        """(partition, key) of the values written since the `Warmer` last looked, in the order
-        written (None: no warmer)."""
 
     def apply(self, message: list[Any]) -> None:
         """Apply one channel message at once."""
@@ -189,19 +181,17 @@ class Replica:
         items = message[2]
         values = self.values.setdefault(message[1], {})  # an empty message opens it too
         for start in range(0, len(items), SLICE_VALUES):
-            self._write(message[1], values, items[start : start + SLICE_VALUES])
+            self._write(values, items[start : start + SLICE_VALUES])
             yield
 
-    def _write(self, partition: int, values: dict[bytes, bytes], items: list[Any]) -> None:
-        decoded, written = self.decoded, self.written
+    def _write(self, values: dict[bytes, bytes], items: list[Any]) -> None:
+        decoded = self.decoded
         for key, value in items:
             decoded.pop(key, None)
             if value is None:
                 values.pop(key, None)
             else:
                 values[key] = value
-                if written is not None:
-                    written[partition, key] = None
 
     def _apply_control(self, kind: int, partition: int) -> None:
         """BEGIN, DROP or SYNCED."""
@@ -259,59 +249,6 @@ class ReplicaCache:
         if self.unfrozen >= FREEZE_DECODED:
             gc.freeze()
             self.unfrozen = 0
-
-
-class Warmer:
-    """With a core of its own (ORACULAR_API_CPUS), the API process decodes each user the
-    worker writes ahead of its next read, so that reads find it decoded (a cold batch of 100
-    costs twice a warm one's CPU: BENCHMARKS.md). Only then: on cores the worker shares, this
-    CPU would come out of processing.
-
-    It decodes the latest value of each user written to a partition this worker owns (a
-    standby's users are read from the copy anyway), `WARM_SLICE` users between two turns of
-    the loop, and stops at `MAX_WARM` decoded users. It reads the replica as a lookup does,
-    on the same loop: a value written after it decoded a user drops the decoded state again
-    (`Replica._write`) and queues the user anew, so a read never finds a stale one."""
-
-    def __init__(
-        self, replica: Replica, cache: ReplicaCache, config: EngineConfig, node: ReplicaNode
-    ) -> None:
-        self.replica, self.cache, self.config, self.node = replica, cache, config, node
-        replica.written = {}
-
-    def warm(self, partition: int, key: bytes) -> None:
-        """Decode `key`'s latest value in `partition` and keep it, unless it is decoded
-        already, gone, not this worker's to own, or there are `MAX_WARM` decoded users."""
-        replica = self.replica
-        if key in replica.decoded or len(replica.decoded) >= MAX_WARM:
-            return
-        raw = replica.values.get(partition, {}).get(key)
-        if raw is None or self.node.view(partition).local != "active":
-            return
-        try:
-            stored = decode_stored(raw, self.config)
-        except EngineError:  # a state it cannot read: the lookup says so
-            return
-        self.cache.keep(key, stored)
-
-    async def run(self) -> None:
-        """Decode the users written, oldest first, forever (a task of the API process)."""
-        written = self.replica.written
-        assert written is not None
-        while True:
-            for _ in range(WARM_SLICE):
-                if not written:
-                    break
-                partition, key = next(iter(written))
-                del written[partition, key]
-                self.warm(partition, key)
-            # A turn of the loop between slices; when nothing is written, a short nap
-            # instead of a busy wait.
-            await asyncio.sleep(0 if written else WARM_IDLE_S)
-
-
-WARM_IDLE_S: Final = 0.005
-"""The `Warmer`'s pause when it has caught up with the writes."""
 
 
 class ReplicaNode:
