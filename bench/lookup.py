@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from bench.synthetic import clickstream
 from bench.topics import create_topics, preload
 from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, helper
 from infra.broker import start_broker
-from infra.processes import cmdline, cpu_seconds, process_tree
+from infra.processes import cmdline, cpu_seconds, process_tree, thread_cpus
 from schemas.config import load_config
 from streams.lookup.serving import partition_for
 from streams.settings import product_topics
@@ -194,15 +194,20 @@ async def lookup_load(
     return done
 
 
+def worker_processes(workers: list[Worker]) -> Iterator[tuple[int, bool]]:
+    """(pid, is it an API process) of every process of the workers."""
+    for worker in workers:
+        for pid in process_tree(worker.pid):
+            yield pid, "streams.lookup.process" in cmdline(pid)
+
+
 def cpu_by_part(workers: list[Worker], broker_pid: int | None) -> dict[str, float]:
     """CPU seconds so far of each part of the bench, from /proc: the two workers' own
     processes, their API processes, this process (the lookup client), the broker, and the
     whole machine (every process, other jobs included)."""
     parts = {"workers": 0.0, "api": 0.0, "client": cpu_seconds(os.getpid()) or 0.0}
-    for worker in workers:
-        for pid in process_tree(worker.pid):
-            part = "api" if "streams.lookup.process" in cmdline(pid) else "workers"
-            parts[part] += cpu_seconds(pid) or 0.0
+    for pid, api in worker_processes(workers):
+        parts["api" if api else "workers"] += cpu_seconds(pid) or 0.0
     parts["broker"] = (cpu_seconds(broker_pid) or 0.0) if broker_pid else 0.0
     with open("/proc/stat") as stat:  # the first line: every CPU's ticks by state
         ticks = [int(x) for x in stat.readline().split()[1:]]
@@ -218,13 +223,10 @@ def reserve_core(core: int, workers: list[Worker], broker_pid: int | None) -> No
     goes to the other cores: no lookup waits for a core behind processing, and no lookup's
     CPU is taken from processing."""
     rest = os.sched_getaffinity(0) - {core}
-    for worker in workers:
-        for pid in process_tree(worker.pid):
-            api = "streams.lookup.process" in cmdline(pid)
-            with contextlib.suppress(ProcessLookupError):
-                if os.sched_getaffinity(pid) != ({core} if api else rest):
-                    msg = f"--api-core {core}: process {pid} ({cmdline(pid)[:80]}) is not pinned"
-                    raise RuntimeError(msg)
+    for pid, api in worker_processes(workers):
+        if thread_cpus(pid) not in ({core} if api else rest, set()):  # set(): it is gone
+            msg = f"--api-core {core}: process {pid} ({cmdline(pid)[:80]}) is not pinned"
+            raise RuntimeError(msg)
     if broker_pid:
         pin_process(broker_pid, rest)
     pin_process(os.getpid(), {core})
@@ -286,11 +288,11 @@ async def window(
         ]
     t0, a0 = time.monotonic(), await applied(http, urls)
     c0 = cpu()
-    t1, a1, c1 = t0, a0, c0
+    t1, a1 = t0, a0
     while time.monotonic() - t0 < seconds and a1 < total:
         await asyncio.sleep(0.5)
         t1, a1 = time.monotonic(), await applied(http, urls)
-        c1 = cpu()
+    c1 = cpu()  # once, at the last sample's time: each call walks /proc
     stop.set()
     latencies: list[float] = []
     done = 0

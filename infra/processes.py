@@ -19,6 +19,7 @@ infra/ because tests and bench both import from here and the product wheel ships
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -270,6 +271,16 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """The CPUs any thread of process `pid` may run on (empty if it is gone)."""
+    found: set[int] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                found |= os.sched_getaffinity(int(task.name))
+    return found
 
 
 def peak_rss_bytes(pid: int) -> int | None:

@@ -631,25 +631,24 @@ class _Handlers:
             results: list[dict[str, Any] | None] = [None] * len(batch.items)
             remote: dict[str, list[int]] = {}
             local: list[tuple[int, int, Route, bool]] = []
-            views: dict[int, PartitionView] = {}
             # `route` is a function of the partition's view and the request only: decided once
-            # a partition (one view a batch already), not once a user.
-            routes: dict[int, Route] = {}
+            # a partition (one view a batch already), not once a user; with whether it settles.
+            routes: dict[int, tuple[Route, bool]] = {}
             for n, item in enumerate(batch.items):
                 partition = partition_for(item.user, self.node.partitions)
-                decision = routes.get(partition)
-                if decision is None:
-                    view = views[partition] = self.node.view(partition)
-                    decision = routes[partition] = route(
-                        partition, view, stale=batch.stale, forwarded=forwarded
-                    )
+                routed = routes.get(partition)
+                if routed is None:
+                    view = self.node.view(partition)
+                    decision = route(partition, view, stale=batch.stale, forwarded=forwarded)
+                    routed = routes[partition] = (decision, view.settling)
+                decision, settling = routed
                 if decision.action == "forward":
                     assert decision.url is not None
                     remote.setdefault(decision.url, []).append(n)
                 elif decision.action == "unavailable":
                     results[n] = _unavailable(item, partition, decision.reason)
                 else:
-                    local.append((n, partition, decision, views[partition].settling))
+                    local.append((n, partition, decision, settling))
             # The forwards go out first, so the owners answer their users while this worker
             # answers its own (a mixed batch then takes the longer of the two, not the sum).
             forwarding = asyncio.gather(

@@ -9,6 +9,7 @@ lookup then never waits for a core behind a batch, and never takes one from proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -60,17 +61,13 @@ def check_cpus(text: str) -> str | None:
 
 def format_cpus(cpus: set[int] | frozenset[int]) -> str:
     """`cpus` as a CPU list (`0-2,5`): the form `parse_cpus` reads."""
-    parts: list[str] = []
-    ordered = sorted(cpus)
-    start = previous = ordered[0] if ordered else -1
-    for cpu in [*ordered[1:], None]:
-        if cpu is not None and cpu == previous + 1:
-            previous = cpu
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if cpu is not None:
-            start = previous = cpu
-    return ",".join(parts) if ordered else ""
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def pin_process(pid: int, cpus: set[int] | frozenset[int]) -> None:
@@ -81,10 +78,8 @@ def pin_process(pid: int, cpus: set[int] | frozenset[int]) -> None:
     except FileNotFoundError:  # no /proc: the process's first thread is the process
         tasks = [pid]
     for task in tasks:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(task, cpus)
-        except ProcessLookupError:
-            continue
 
 
 def reserve_cpus(text: str | None) -> frozenset[int] | None:

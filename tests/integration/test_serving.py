@@ -9,7 +9,6 @@ is bounded by a named timeout and polls a condition.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from engine import EngineConfig, EngineState, Event, Replayer, predict, timeout_deadline
+from infra.processes import thread_cpus
 from streams.lookup.serving import partition_for
 
 from .conftest import WorkerFactory
@@ -79,15 +79,6 @@ def api_pid(worker: FaustWorker) -> int:
 
 
 RESERVED_CPU = max(os.sched_getaffinity(0))
-
-
-def thread_cpus(pid: int) -> set[int]:
-    """The CPUs any thread of process `pid` may run on, from /proc."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            found |= os.sched_getaffinity(int(task.name))
-    return found
 
 
 def assert_reserved_cpu(worker: FaustWorker) -> None:

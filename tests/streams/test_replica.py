@@ -33,6 +33,7 @@ from aiohttp import ClientSession, ClientTimeout
 
 from engine import create_state, observe, predict_many
 from engine.episodes import clamp_time
+from infra.processes import thread_cpus
 from schemas.config import load_config
 from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams.lookup.api import bind
@@ -692,14 +693,6 @@ def test_the_api_realtime_setting_is_off_unless_given_and_checked() -> None:
 # --- the API process's CPUs (ORACULAR_API_CPUS) ---------------------------------------------
 
 
-def cpus_allowed(pid: int) -> set[int]:
-    """The CPUs of every thread of process `pid`, from /proc."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= os.sched_getaffinity(int(task.name))
-    return found
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to reserve one")
 async def test_the_api_process_runs_on_its_reserved_cpus_and_so_does_a_restarted_one(
     config: Any, tmp_path: Path
@@ -708,14 +701,14 @@ async def test_the_api_process_runs_on_its_reserved_cpus_and_so_does_a_restarted
     async with serving(config, tmp_path, cpus=reserved) as (_url, feed, _, _):
         assert feed.process is not None
         first = feed.process.pid
-        assert cpus_allowed(first) == reserved  # its threads too (started after the pin)
+        assert thread_cpus(first) == reserved  # its threads too (started after the pin)
         feed.process.kill()
 
         async def restarted() -> bool:
             return feed.process is not None and feed.process.pid != first and feed.ready.is_set()
 
         await wait_for(restarted, "the API process restarted")
-        assert cpus_allowed(feed.process.pid) == reserved
+        assert thread_cpus(feed.process.pid) == reserved
     async with serving(config, tmp_path / "unset") as (_, unpinned, _, _):
         assert unpinned.process is not None
-        assert cpus_allowed(unpinned.process.pid) == os.sched_getaffinity(0)
+        assert thread_cpus(unpinned.process.pid) == os.sched_getaffinity(0)
