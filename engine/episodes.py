@@ -14,7 +14,7 @@ from typing import Final, Literal
 from engine.durations import is_time
 from engine.errors import InvalidTimeError
 from engine.learning import hold, judge, settle_expired
-from engine.state import NO_EPISODE, EngineState, IntentState, PendingEpisode
+from engine.state import NO_EPISODE, EngineState, IntentState, PendingEpisode, Reading
 
 Reason = Literal["end", "timeout"]
 Verdict = Literal["miss", "held", "resolved"]
@@ -51,7 +51,7 @@ class Transition:
     closed: ClosedEpisode | None = None
 
 
-def clamp_time(state: EngineState, at: object) -> int:
+def clamp_time(state: EngineState | Reading, at: object) -> int:
     """Validate `at` (epoch ms, an int from 1970 to the end of year 9999) and never let it run
     behind the state's clock."""
     if not is_time(at):

@@ -18,7 +18,7 @@ from engine.config import IntentConfig
 from engine.episodes import clamp_time, close_timed_out, settle, timeout_deadline
 from engine.errors import UnknownIntentError
 from engine.learning import counts_at, decay_factor, effective_weight
-from engine.state import EngineState, IntentState
+from engine.state import EngineState, IntentState, Predictable, Reading
 
 
 @dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
@@ -158,7 +158,9 @@ def predict_many(
     }
 
 
-def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[str, Prediction]:
+def predict_settled(
+    view: EngineState | Reading, at: int, intents: Sequence[str]
+) -> dict[str, Prediction]:
     """`predict_many(state, at, intents)` given `view = as_of(state, at)` already, with `at`
     no earlier than the state's clock: for a caller that brought the state to `at` anyway.
 
@@ -177,7 +179,9 @@ def predict_settled(view: EngineState, at: int, intents: Sequence[str]) -> dict[
     return predictions
 
 
-def predict_read(state: EngineState, at: int, intents: Sequence[str]) -> dict[str, Prediction]:
+def predict_read(
+    state: EngineState | Reading, at: int, intents: Sequence[str]
+) -> dict[str, Prediction]:
     """`predict_many(state, at, intents)` with `at` no earlier than the state's clock, without
     bringing the state to `at`: for a reader that only predicts (the lookup API).
 
@@ -187,7 +191,8 @@ def predict_read(state: EngineState, at: int, intents: Sequence[str]) -> dict[st
     rate, the seen signals and the held episodes, which the next `observe` uses. So the state
     predicts what its view predicts, bit for bit (tests/engine/test_properties.py), and
     closing the episode was most of a cold lookup's engine time for nothing. `explain` reads
-    the counts: it still needs the view.
+    the counts: it still needs the view. For the same reason a `Reading` of the state (what
+    predictions read, and no more) predicts what the state predicts.
 
     Raises:
         UnknownIntentError: if the config does not declare one of `intents`.
@@ -265,7 +270,7 @@ def explain(state: EngineState, intent: str, at: int) -> Explanation:
     return Explanation(intent, at, p, alpha, beta, Counts(outcomes, without_outcome), signals)
 
 
-def beta_parameters(intent: IntentState, config: IntentConfig, at: int) -> tuple[float, float]:
+def beta_parameters(intent: Predictable, config: IntentConfig, at: int) -> tuple[float, float]:
     """Return (α, β) at `at`: the prior plus every signal's evidence decayed to `at`."""
     alpha = config.prior * config.prior_weight
     beta = (1.0 - config.prior) * config.prior_weight
@@ -287,7 +292,7 @@ def beta_parameters(intent: IntentState, config: IntentConfig, at: int) -> tuple
     return alpha, beta
 
 
-def suppressed_until(intent: IntentState, config: IntentConfig, at: int) -> int | None:
+def suppressed_until(intent: Predictable, config: IntentConfig, at: int) -> int | None:
     """End of the later cooldown (after a reveal, after an outcome) still running at `at`."""
     # Written out for the two starts rather than looped over a tuple: this runs per read.
     until = None
@@ -301,7 +306,7 @@ def suppressed_until(intent: IntentState, config: IntentConfig, at: int) -> int 
     return until
 
 
-def _prediction(intent: IntentState, config: IntentConfig, at: int) -> Prediction:
+def _prediction(intent: Predictable, config: IntentConfig, at: int) -> Prediction:
     alpha, beta = beta_parameters(intent, config, at)
     total = alpha + beta
     p = alpha / total
@@ -370,7 +375,7 @@ def _evidence_at(
     return evidence.alpha * factor, evidence.beta * factor
 
 
-def _intent_config(state: EngineState, intent: str) -> IntentConfig:
+def _intent_config(state: EngineState | Reading, intent: str) -> IntentConfig:
     if not isinstance(intent, str):  # a list is unhashable: say what is wrong, not that
         raise UnknownIntentError(intent, tuple(state.config.intents))
     config = state.config.intents.get(intent)

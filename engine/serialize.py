@@ -32,6 +32,8 @@ from engine.state import (
     Evidence,
     IntentState,
     PendingEpisode,
+    Predictable,
+    Reading,
     SignalRecord,
     fresh_intent,
 )
@@ -206,6 +208,40 @@ def state_from_proven(record: Sequence[Any], config: EngineConfig) -> EngineStat
     intents = {name: _proven_intent(value) for name, value in records.items()}
     state = EngineState(config, EpisodeState(started_at, last_event_at), intents, clock)
     return _fit_to_config(state)
+
+
+def reading_from_proven(record: Sequence[Any], config: EngineConfig) -> Reading:
+    """What predictions read of `state_from_proven(record, config)`, without building it: for
+    a reader that only predicts (the lookup API), in a third of the time.
+
+    The record is proven as for `state_from_proven`, with each intent's record decoded so
+    that it names its evidence, last outcome and last reveal (`Predictable`:
+    `schemas.stored` decodes intent records as named tuples), and taken as it is. Fitting it
+    to `config` as `_fit_to_config` does changes, of what predictions read, only this: an
+    intent the record lacks is fresh, and evidence of a signal no longer declared is dropped
+    (held episodes judged when attribution was switched off move learned counts and the base
+    rate, which predictions do not read). So the reading predicts what the state does.
+    """
+    stored = record[5]
+    intents: dict[str, Predictable] = {}
+    for name, intent_config in config.intents.items():
+        intent = stored.get(name)
+        if intent is None:
+            intents[name] = _FRESH_READ
+        elif intent.evidence.keys() <= intent_config.signals.keys():
+            intents[name] = intent  # the common case: stored under the same config
+        else:
+            intents[name] = IntentState(
+                evidence=_only(intent.evidence, intent_config.signals),
+                last_outcome_at=intent.last_outcome_at,
+                last_revealed_at=intent.last_revealed_at,
+            )
+    return Reading(config, intents, record[2])
+
+
+_FRESH_READ: Final = IntentState()
+"""What predictions read of a fresh intent (`fresh_intent`: no evidence, no outcome, no
+reveal)."""
 
 
 def _proven_intent(value: Sequence[Any]) -> IntentState:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.config import EngineConfig
 
@@ -107,6 +108,44 @@ class EngineState:
     intents: Mapping[str, IntentState] = field(default_factory=dict)
     clock: int | None = None
     """The latest time any transition was applied at: time never runs backwards in a state."""
+
+
+class EvidenceAmounts(Protocol):
+    """What a prediction reads of one signal's evidence (an `Evidence`, or a stored one as
+    decoded)."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def beta(self) -> float: ...
+    @property
+    def at(self) -> int: ...
+
+
+class Predictable(Protocol):
+    """What a prediction reads of an intent: its evidence, its last outcome and its last
+    reveal. An `IntentState` is one; so is a stored intent record decoded as it is, whose
+    other parts a prediction never reads (`Reading`)."""
+
+    @property
+    def evidence(self) -> Mapping[str, EvidenceAmounts]: ...
+    @property
+    def last_outcome_at(self) -> int | None: ...
+    @property
+    def last_revealed_at(self) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a prediction reads of a user's state, and no more: the config, the clock and, per
+    declared intent, a `Predictable`. `predict_read` takes it as it takes an `EngineState` and
+    gives the same predictions; nothing else does (no `observe`, no `explain`: those need the
+    counts a reading leaves out). A reader that only predicts builds one from a stored value
+    in a fraction of a full state's time (`engine.serialize.reading_from_proven`)."""
+
+    config: EngineConfig
+    intents: Mapping[str, Predictable]
+    clock: int | None
 
 
 def create_state(config: EngineConfig) -> EngineState:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, NamedTuple, get_args
 
 import msgpack
 import msgspec
@@ -58,10 +58,11 @@ from engine.serialize import (
     MAX_AMOUNT,
     MAX_COUNT,
     intent_to_record,
+    reading_from_proven,
     record_head,
     state_from_proven,
 )
-from engine.state import IntentState
+from engine.state import IntentState, Reading
 
 STORED_VERSION: Final = 3
 _LENGTHS: Final = {1: 5, 2: 10, 3: 12}
@@ -210,6 +211,22 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     )
 
 
+def decode_reading(raw: bytes, config: EngineConfig) -> tuple[EngineState | Reading, int, int]:
+    """(what predictions read of the user, its partition, its last offset) from a table value,
+    for a reader that only predicts: `decode_stored`'s checks and errors, its state's
+    predictions, in a third of its time (`engine.serialize.reading_from_proven`; a value only
+    the msgpack path reads gives its whole state).
+
+    Raises:
+        StateFormatError: the bytes are not a stored user (or a newer version).
+    """
+    proven = _proven(raw)
+    if proven is not None:
+        return reading_from_proven(proven[4], config), proven[1], proven[2]
+    stored = decode_stored(raw, config)
+    return stored.state, stored.partition, stored.last_offset
+
+
 def _proven(raw: bytes) -> tuple[Any, ...] | None:
     """A version-3 value as this module writes it, decoded by msgspec into `_StoredV3`
     (every type and range `_header` and `engine.serialize`'s plain path check, checked in C,
@@ -240,23 +257,38 @@ _Time = Annotated[int, msgspec.Meta(ge=MIN_TIME_MS, le=MAX_TIME_MS)]
 _Count = Annotated[int, msgspec.Meta(ge=0, le=_MAX_OFFSET)]
 _Amount = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_AMOUNT)]
 _Counts = tuple[_Amount, _Amount, _Time]
-_Intent = tuple[
-    _Counts,  # episodes
-    dict[str, _Counts],  # learned
-    dict[str, _Counts],  # evidence
-    dict[str, Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]],  # seen
-    bool,  # resolved
-    list[tuple[_Time, list[str]]],  # pending
-    _Time | None,  # last outcome
-    _Time | None,  # last reveal
-]
+
+
+class _EvidenceRecord(NamedTuple):
+    """A signal's evidence as stored (alpha, beta, at), named as `engine.state.Evidence` is:
+    a decoded intent is read as it is by predictions (`engine.serialize.reading_from_proven`).
+    msgspec decodes it as fast as a plain tuple, and as strictly (exactly three items)."""
+
+    alpha: _Amount
+    beta: _Amount
+    at: _Time
+
+
+class _IntentRecord(NamedTuple):
+    """An intent's record as stored, its fields named as `engine.state.IntentState`'s."""
+
+    episodes: _Counts
+    learned: dict[str, _Counts]
+    evidence: dict[str, _EvidenceRecord]
+    seen: dict[str, Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]]
+    resolved: bool
+    pending: list[tuple[_Time, list[str]]]
+    last_outcome_at: _Time | None
+    last_revealed_at: _Time | None
+
+
 _Record = tuple[
     Literal[1],  # FORMAT_VERSION (a test holds them equal)
     None,  # the config: the worker's, never stored
     _Time | None,  # clock
     _Time | None,  # episode started
     _Time | None,  # episode's last event
-    dict[str, _Intent],
+    dict[str, _IntentRecord],
 ]
 _StoredV3 = tuple[
     Literal[3],  # STORED_VERSION (a test holds them equal)

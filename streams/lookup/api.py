@@ -50,7 +50,6 @@ from yarl import URL
 
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
-from schemas.stored import StoredUser, decode_stored
 from streams.faust import patches as faust_patches
 from streams.lookup.front import Guard, GuardedHandler, Limits, internal_error
 from streams.lookup.metrics import (
@@ -87,7 +86,6 @@ from streams.lookup.serving import (
     parse_bool,
     parse_reveal,
     partition_for,
-    read_stored,
     read_user,
     route,
 )
@@ -142,12 +140,12 @@ class Node(Protocol):
 
 
 class UserCache(Protocol):
-    """Decoded users (`streams.lookup.replica.ReplicaCache`): a lookup of a user it does not hold
-    decodes the user's stored value and hands it to `keep`."""
+    """Users read (`streams.lookup.replica.ReplicaCache`): a lookup of a user it does not hold
+    decodes what predictions read of the user's stored value and hands it to `keep`."""
 
-    def peek(self, key: bytes) -> StoredUser | None: ...
+    def peek(self, key: bytes) -> UserRead | None: ...
 
-    def keep(self, key: bytes, stored: StoredUser) -> None: ...
+    def keep(self, key: bytes, read: UserRead) -> None: ...
 
 
 @dataclass
@@ -494,7 +492,7 @@ class _Handlers:
     ) -> dict[str, Any]:
         """Answer from this worker's copy of the partition (one user read)."""
         return answer(
-            self._read(user, partition, decision, settling=settling),
+            self._read(user, partition, decision, settling=settling, full=with_explain),
             user,
             intents=intents,
             at=at,
@@ -505,29 +503,34 @@ class _Handlers:
             with_status=with_status,
         )
 
-    def _read(self, user: str, partition: int, decision: Route, *, settling: bool) -> UserRead:
-        """The user's state: from the cache of decoded users when this worker owns the
-        partition and is not rebalancing or restoring it, else read and decoded from the
-        table copy (RocksDB) the route chose."""
+    def _read(
+        self, user: str, partition: int, decision: Route, *, settling: bool, full: bool
+    ) -> UserRead:
+        """The user as predictions read it (or, with `full`, its whole state: for `explain`):
+        from the cache of users read when this worker owns the partition and is not
+        rebalancing or restoring it, else read and decoded from the table copy the route
+        chose. Whole states are not kept: `explain` is rare, and a reading is a third of the
+        decoding."""
         key = user.encode()
-        cache = self.api.cache
-        if cache is not None and decision.role == "active" and not settling:
-            stored = cache.peek(key)
-            if stored is not None and stored.partition == partition:
+        cached = decision.role == "active" and not settling and not full
+        cache = self.api.cache if cached else None
+        if cache is not None:
+            read = cache.peek(key)
+            if read is not None and read.partition == partition:
                 self.api.reads["cache"] += 1
-                return read_stored(stored)
+                return read
         raw = self.node.get(partition, key)
         self.api.reads["table"] += 1
         if raw is None:
             return read_user(None, self.api.config, partition)
         try:
-            stored = decode_stored(raw, self.api.config)
+            read = read_user(raw, self.api.config, partition, full=full)
         except EngineError as exc:  # a stored state this worker cannot read
             msg = f"the stored state of user {user[:64]!r} cannot be read: {exc}"
             raise ApiError(500, msg, partition=partition) from exc
-        if cache is not None and decision.role == "active" and not settling:
-            cache.keep(key, stored)
-        return read_stored(stored)
+        if cache is not None:
+            cache.keep(key, read)
+        return read
 
     async def _forward_single(
         self, request: web.Request, url: str, user: str, partition: int

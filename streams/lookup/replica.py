@@ -46,10 +46,9 @@ from typing import Any, Final
 import msgpack
 
 from engine import EngineConfig
-from schemas.stored import StoredUser
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
-from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView
+from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, UserRead
 from streams.settings.cpus import pin_process
 from streams.settings.peers import Peers
 
@@ -155,8 +154,8 @@ class Replica:
     def __init__(self) -> None:
         self.values: dict[int, dict[bytes, bytes]] = {}
         self.synced: set[int] = set()
-        self.decoded: dict[bytes, StoredUser] = {}
-        """Users decoded since their last write (`ReplicaCache`)."""
+        self.decoded: dict[bytes, UserRead] = {}
+        """Users read (decoded) since their last write (`ReplicaCache`)."""
 
     def apply(self, message: list[Any]) -> None:
         """Apply one channel message at once."""
@@ -237,14 +236,14 @@ class ReplicaCache:
         self.unfrozen = 0
         """Users kept since the last freeze."""
 
-    def peek(self, key: bytes) -> StoredUser | None:
+    def peek(self, key: bytes) -> UserRead | None:
         return self.replica.decoded.get(key)
 
-    def keep(self, key: bytes, stored: StoredUser) -> None:
+    def keep(self, key: bytes, read: UserRead) -> None:
         decoded = self.replica.decoded
         if len(decoded) >= MAX_DECODED:
             decoded.clear()  # rare: more users read than kept; start again
-        decoded[key] = stored
+        decoded[key] = read
         self.unfrozen += 1
         if self.unfrozen >= FREEZE_DECODED:
             gc.freeze()

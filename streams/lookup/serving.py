@@ -7,8 +7,8 @@ synchronous and testable without a broker:
   producers' partitioner, so the partition that holds the user's state);
 - `route`: what a worker does with a lookup for a partition (answer, forward, 503);
 - `answer`: a user's predictions computed by `engine.predict` at the request time from the
-  state of that one user (`read_user`: its stored bytes decoded, the prior when the user is
-  unknown; `read_stored`: a state the worker's cache already holds decoded);
+  state of that one user (`read_user`: its stored bytes decoded, whole or only what
+  predictions read, the prior when the user is unknown);
 - request validation with bounded sizes, raising `ApiError` with the status to answer.
 """
 
@@ -28,7 +28,8 @@ from engine import EngineConfig, EngineState, create_state, explain
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.episodes import clamp_time
 from engine.predict import predict_read
-from schemas.stored import StoredUser, decode_stored
+from engine.state import Reading
+from schemas.stored import decode_reading, decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
 """Set on a forwarded request (to the forwarding worker's URL): the receiver never forwards it
@@ -480,24 +481,29 @@ def route(partition: int, view: PartitionView, *, stale: bool, forwarded: bool) 
 
 @dataclass(frozen=True, slots=True)
 class UserRead:
-    """One user's state read from the local table copy (or the prior, if unknown)."""
+    """One user read from the local table copy (or the prior, if unknown): the whole state,
+    or only what predictions read of it (a `Reading`: enough for an answer without
+    `explain`)."""
 
-    state: EngineState
+    state: EngineState | Reading
     known: bool
     partition: int
     last_offset: int | None
 
 
-def read_user(raw: bytes | None, config: EngineConfig, partition: int) -> UserRead:
-    """Decode one user's stored bytes (None: an unknown user, whose state is the prior)."""
+def read_user(
+    raw: bytes | None, config: EngineConfig, partition: int, *, full: bool = False
+) -> UserRead:
+    """Decode one user's stored bytes (None: an unknown user, whose state is the prior): what
+    predictions read of it (`decode_reading`, a third of a whole state's time), or with `full`
+    its whole state (what `explain` needs)."""
     if raw is None:
         return UserRead(create_state(config), False, partition, None)
-    return read_stored(decode_stored(raw, config))
-
-
-def read_stored(stored: StoredUser) -> UserRead:
-    """A known user's state already decoded (the worker's cache of decoded users holds it)."""
-    return UserRead(stored.state, True, stored.partition, stored.last_offset)
+    if full:
+        stored = decode_stored(raw, config)
+        return UserRead(stored.state, True, stored.partition, stored.last_offset)
+    state, stored_partition, last_offset = decode_reading(raw, config)
+    return UserRead(state, True, stored_partition, last_offset)
 
 
 def answer(
@@ -529,6 +535,9 @@ def answer(
             "suppressed_until": prediction.suppressed_until,
         }
         if with_explain:
+            if not isinstance(state, EngineState):  # a caller's mistake, not a client's
+                msg = "an answer with explain needs the whole state (read_user(full=True))"
+                raise TypeError(msg)
             item["explain"] = explanation(state, name, at)
         out[name] = item
     # Built in place, in the answer's key order (not `{"status": ..., **answer}` afterwards:

@@ -59,7 +59,7 @@ from streams.lookup.replica import (
     pack,
     unpacker,
 )
-from streams.lookup.serving import answer, partition_for, read_stored
+from streams.lookup.serving import UserRead, answer, partition_for, read_user
 from streams.settings import DEFAULT_API_NICE, SettingsError, load_settings
 from streams.settings.peers import Peers
 from tests.streams.test_cli_replay import CONFIG
@@ -121,7 +121,7 @@ def test_a_write_drops_the_decoded_state(config: Any) -> None:
     cache = ReplicaCache(replica)
     replica.apply([BEGIN, 1])
     replica.apply([SYNCED, 1])
-    user = StoredUser(create_state(config), 1, 5)
+    user = read_user(encode_stored(StoredUser(create_state(config), 1, 5)), config, 1)
     cache.keep(b"u", user)
     assert cache.peek(b"u") is user
     replica.apply([STATES, 1, [[b"u", b"newer"]]])
@@ -132,22 +132,22 @@ def test_a_write_drops_the_decoded_state(config: Any) -> None:
 
 
 def test_a_kept_user_answers_as_predict_many_at_every_read_time(config: Any) -> None:
-    """A decoded user the cache keeps answers later lookups exactly as `predict_many` (the
-    view at the read's time) predicts, before its episode times out, at the deadline and
-    after it (the answer predicts from the state as it is: `engine.predict.predict_read`),
-    and a write drops it."""
+    """A user read (what predictions read of its stored value) that the cache keeps answers
+    later lookups exactly as `predict_many` (the view at the read's time) predicts, before
+    its episode times out, at the deadline and after it (the answer predicts from the state
+    as it is: `engine.predict.predict_read`), and a write drops it."""
     replica = Replica()
     cache = ReplicaCache(replica)
     replica.apply([BEGIN, 1])
     replica.apply([SYNCED, 1])
     state = observe(create_state(config), "pricing.viewed", T0)
-    cache.keep(b"u", StoredUser(state, 1, 5))
+    cache.keep(b"u", read_user(encode_stored(StoredUser(state, 1, 5)), config, 1))
     timeout = config.episode_timeout_ms
     for read in (T0 - 1, T0, T0 + timeout, T0 + timeout + 1, T0 + 3 * timeout, T0 + timeout + 2):
         kept = cache.peek(b"u")
         assert kept is not None
         body = answer(
-            read_stored(kept),
+            kept,
             "u",
             intents=None,
             at=read,
@@ -189,7 +189,13 @@ def test_kept_users_leave_the_collectors_generations_and_are_still_freed_when_wr
     replica.apply([SYNCED, 1])
     gc.collect()
     users = [
-        StoredUser(observe(create_state(config), "pricing.viewed", T0 + n), 1, n)
+        read_user(
+            encode_stored(
+                StoredUser(observe(create_state(config), "pricing.viewed", T0 + n), 1, n)
+            ),
+            config,
+            1,
+        )
         for n in range(FREEZE_DECODED)
     ]
     before = [sys.getrefcount(user) for user in users]
@@ -198,7 +204,7 @@ def test_kept_users_leave_the_collectors_generations_and_are_still_freed_when_wr
         cache.keep(b"u%d" % n, users[n])
     assert not {id(i) for i in intents} & tracked_in_generations()
     assert cache.unfrozen == 0
-    cache.keep(b"one more", StoredUser(create_state(config), 1, 99))
+    cache.keep(b"one more", UserRead(create_state(config), True, 1, 99))
     assert cache.unfrozen == 1  # the next freeze waits for FREEZE_DECODED more
     assert [sys.getrefcount(user) for user in users] == [n + 1 for n in before]  # the cache's
     replica.apply([STATES, 1, [[b"u%d" % n, b"newer"] for n in range(FREEZE_DECODED)]])
