@@ -218,11 +218,12 @@ async def apply_yielding(replica: Replica, message: list[Any]) -> None:
 
 
 class ReplicaCache:
-    """`streams.lookup.api.UserCache` over the replica: the users decoded by lookups since their
-    last write (a write drops the decoded state: `Replica.apply`).
+    """`streams.lookup.api.UserCache` over the replica: the users read by lookups since their
+    last write (what predictions read of each, decoded; a write drops it: `Replica.apply`).
 
-    A decoded user is some 80 objects the collector tracks, alive until the user's next write,
-    so a batch of 100 cold users leaves thousands in the young generation, and every young
+    A user read is some 20 objects the collector tracks (the whole decoded state, which the
+    cache held before, some 40 to 80), alive until the user's next write, so a batch of 100
+    cold users leaves thousands in the young generation, and every young
     collection walked them all (about 7 ms of CPU, every few cold batches: a batch that met
     one took twice its time; BENCHMARKS.md). So every `FREEZE_DECODED` users kept, the
     generations are frozen (`gc.freeze`: a constant-time move aside, as `GcPolicy` does every

@@ -18,6 +18,7 @@ from engine.predict import predict_read
 from engine.state import Reading
 from schemas.stored import StoredUser, decode_reading, decode_stored, encode_stored
 from tests.engine.strategies import T0, cases, final
+from tests.engine.test_serialize import CFG, _busy_state
 from tests.engine.test_serialize_plain import ODD, _leaves, _set
 from tests.schemas.test_stored_proven import MORE_ODD, changed_configs, stored_users
 
@@ -119,3 +120,25 @@ def test_an_older_version_reads_as_its_whole_state(drawn: Any, version: int) -> 
     state, _, _ = decode_reading(raw, config)
     assert isinstance(state, EngineState)
     _same(raw, config, T0 + DAY)
+
+
+def test_a_signal_or_intent_the_config_dropped_is_not_read() -> None:
+    """Under a redeployed config that dropped a signal with evidence, an intent, and added
+    one, the reading predicts what the refitted whole state predicts: without that signal's
+    evidence, the added intent at its prior (and the tests above can tell)."""
+    state = _busy_state()
+    evidence = state.intents["churn"].evidence
+    assert "cancel.viewed" in evidence  # the evidence the changed config drops
+    raw = encode_stored(StoredUser(state, 3, 9))
+    changed = CFG.to_dict()
+    del changed["intents"]["churn"]["signals"]["cancel.viewed"]
+    del changed["intents"]["upgrade"]
+    changed["intents"]["new"] = {"signals": {"docs.read": 1.0}, "outcome": "upgrade.completed"}
+    config = EngineConfig.from_dict(changed)
+    reading, _, _ = decode_reading(raw, config)
+    assert isinstance(reading, Reading) and set(reading.intents) == {"churn", "new"}
+    assert "cancel.viewed" not in reading.intents["churn"].evidence
+    at = state.clock + DAY
+    _same(raw, config, at)
+    before = predict_read(decode_stored(raw, CFG).state, at, ["churn"])["churn"]
+    assert predict_read(reading, at, ["churn"])["churn"].p != before.p  # the evidence moved p
