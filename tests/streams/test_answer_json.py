@@ -15,7 +15,6 @@ from aiokafka.partitioner import murmur2 as kafka_murmur2
 
 from bench.batchlookup import OWNER, batch_request, handlers, lookup, replica_of
 from schemas.config import load_config
-from schemas.stored import decode_stored
 from streams.lookup.serving import (
     PeerAnswerError,
     answer,
@@ -24,7 +23,6 @@ from streams.lookup.serving import (
     is_peer_batch_for,
     murmur2,
     parse_batch,
-    read_stored,
     read_user,
 )
 from tests.streams.test_cli_replay import CONFIG
@@ -192,10 +190,8 @@ def test_a_batch_result_built_with_its_status_is_the_old_status_then_answer(app_
     before, `{"status": ..., **answer(...)}`, known users and unknown, all intents or some."""
     config = load_config(CONFIG)
     replica, _users, last = replica_of(config, 60, 1500)
-    stored = [
-        decode_stored(raw, config) for values in replica.values.values() for raw in values.values()
-    ]
-    reads = [read_stored(s) for s in stored] + [read_user(None, config, 3)]
+    raws = [raw for values in replica.values.values() for raw in values.values()]
+    reads = [read_user(raw, config, 0, full=True) for raw in raws] + [read_user(None, config, 3)]
     for read in reads:
         for intents in (None, ["churn"], sorted(config.intents)):
             for with_explain in (False, True):
