@@ -6,7 +6,6 @@ refuses, the reading refuses with the same error."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import msgpack
@@ -19,8 +18,12 @@ from engine.state import Reading
 from schemas.stored import StoredUser, decode_reading, decode_stored, encode_stored
 from tests.engine.strategies import T0, cases, final
 from tests.engine.test_serialize import CFG, _busy_state
-from tests.engine.test_serialize_plain import ODD, _leaves, _set
-from tests.schemas.test_stored_proven import MORE_ODD, changed_configs, stored_users
+from tests.schemas.test_stored_proven import (
+    changed_configs,
+    stored_users,
+    with_an_odd_leaf,
+    with_changed_bytes,
+)
 
 DAY = 86_400_000
 
@@ -83,30 +86,16 @@ def test_a_reading_predicts_what_the_whole_state_predicts(drawn: Any, later: int
 @given(stored_users(), st.data())
 def test_a_value_with_an_odd_leaf_reads_as_the_whole_decode_reads_it(drawn: Any, data) -> None:
     config, user = drawn
-    value = msgpack.unpackb(encode_stored(user), strict_map_key=False)
-    path = data.draw(st.sampled_from(list(_leaves(value))))
-    odd = data.draw(st.sampled_from(ODD + MORE_ODD))
-    try:
-        raw = msgpack.packb(_set(copy.deepcopy(value), path, odd))
-    except OverflowError:  # an int msgpack cannot hold: no bytes to read
-        return
-    _same(raw, config, T0 + DAY)
+    raw = with_an_odd_leaf(user, data)
+    if raw is not None:
+        _same(raw, config, T0 + DAY)
 
 
 @settings(max_examples=200, deadline=None)
 @given(stored_users(), st.data())
 def test_changed_bytes_read_as_the_whole_decode_reads_them(drawn: Any, data) -> None:
     config, user = drawn
-    raw = bytearray(encode_stored(user))
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(raw) - 1))
-        if data.draw(st.booleans()):
-            raw[at] = data.draw(st.integers(0, 255))
-        else:
-            del raw[at:]
-        if not raw:
-            return
-    _same(bytes(raw), config, T0 + DAY)
+    _same(with_changed_bytes(user, data), config, T0 + DAY)
 
 
 @settings(max_examples=100, deadline=None)
