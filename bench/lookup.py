@@ -3,7 +3,9 @@
 Two `oracular worker` processes (8 partitions, every setting default but ORACULAR_API_PORT=0)
 against a broker this bench starts on free ports (or --broker), on one machine.
 
-1. Throughput with and without lookup load. The synthetic clickstream (bench/synthetic.py) is
+1. Throughput with and without lookup load. The stream (`--stream`: the synthetic clickstream
+   of bench/synthetic.py on examples/oracular.yaml, the default; or the realistic Segment
+   stream of bench/realistic.py on bench/realistic.yaml, identify calls included) is
    produced to the input topic first; then two fresh workers (a new app id: a new group
    reading the topic from the start) are started together. Once both own partitions (routing
    agreed, no rebalance), the backlog drains in alternating windows (WINDOW_S, `--window`)
@@ -46,19 +48,22 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
+from bench.inputs import Record, build, closing
 from bench.machine import machine
 from bench.session import say
 from bench.synthetic import clickstream
-from bench.topics import create_topics, preload
+from bench.topics import create_topics, preload_records
 from bench.workers import CONFIG, PARTITIONS, Worker, add_worker_env_option, helper
 from infra.broker import start_broker
 from infra.processes import cmdline, cpu_seconds, process_tree, thread_cpus
 from schemas.config import load_config
+from schemas.events import encode_event
 from streams.lookup.serving import partition_for
 from streams.settings import product_topics
 from streams.settings.cpus import pin_process
@@ -233,8 +238,56 @@ def reserve_core(core: int, workers: list[Worker], broker_pid: int | None) -> No
     say(f"API processes and this client on core {core}; workers and broker on {sorted(rest)}")
 
 
+@dataclass(frozen=True)
+class LookupInput:
+    """What a run preloads, and what it then looks up."""
+
+    config: Path
+    """The workers' (and the load generator's) engine config."""
+    records: list[Record]
+    users: list[str]
+    """Every user of the stream: the lookups pick among them."""
+    applied: int
+    """The inputs the workers apply once the backlog is drained (identify calls are read and
+    ignored: not counted)."""
+    topic_config: dict[str, str]
+    describe: str
+
+
+def lookup_input(stream: str, events: int, users: int) -> LookupInput:
+    """`--stream`'s input: the synthetic clickstream (seed 9, as every earlier figure), or the
+    realistic Segment stream (bench/inputs.py `build`) without its closing marks, so the
+    partitions' watermarks stay at the stream's last events, as for the synthetic one."""
+    if stream == "synthetic":
+        stream_events = clickstream(load_config(CONFIG), events, users, seed=9)
+        ids = sorted({e.user for e in stream_events})
+        return LookupInput(
+            CONFIG,
+            [Record(e.user.encode(), encode_event(e)) for e in stream_events],
+            ids,
+            len(stream_events),
+            {},
+            f"{len(stream_events):,} synthetic events of {len(ids):,} users",
+        )
+    source = build("realistic", events, users, PARTITIONS)
+    marks = len(closing(source.events, PARTITIONS))  # the last records and events: left out
+    real = source.events[:-marks]
+    return LookupInput(
+        source.config_path,
+        source.records[:-marks],
+        sorted({e.user for e in real}),
+        len(real),
+        dict(source.topic_config),
+        source.describe,
+    )
+
+
 async def start_workers(
-    bootstrap: str, prefix: str, base: Path, extra: dict[str, str] | None = None
+    bootstrap: str,
+    prefix: str,
+    base: Path,
+    extra: dict[str, str] | None = None,
+    config: Path = CONFIG,
 ) -> list[Worker]:
     """Two fresh workers (a new app id: the group reads the input from the start)."""
     app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
@@ -246,6 +299,7 @@ async def start_workers(
             prefix=prefix,
             datadir=base / app_id / f"w{n}",
             log_path=base / app_id / f"w{n}.log",
+            config=config,
             settings={
                 "ORACULAR_API_PORT": "0",
                 "ORACULAR_SUMMARY_INTERVAL_S": "3600",
@@ -390,20 +444,20 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915
         )
         bootstrap = broker.bootstrap
     try:
-        config = load_config(CONFIG)
         topics_prefix = prefix = f"lookupbench-{uuid.uuid4().hex[:6]}"
         topics = product_topics(
             {"ORACULAR_TOPIC_PREFIX": prefix, "ORACULAR_PARTITIONS": str(PARTITIONS)}
         )
+        source = lookup_input(args.stream, args.events, args.users)
+        users, total = source.users, source.applied
+        await create_topics(bootstrap, [topics.events.name], source.topic_config)
         await create_topics(bootstrap, [spec.name for spec in topics])
-        events = clickstream(config, args.events, args.users, seed=9)
-        users = sorted({e.user for e in events})
-        say(f"preloading {len(events):,} events of {len(users):,} users")
-        await preload(bootstrap, topics.events.name, events)
+        say(f"preloading {source.describe}")
+        await preload_records(bootstrap, topics.events.name, source.records)
         extra = dict(args.worker_env)
         if args.api_core is not None:
             extra["ORACULAR_API_CPUS"] = str(args.api_core)
-        workers = await start_workers(bootstrap, topics_prefix, base, extra)
+        workers = await start_workers(bootstrap, topics_prefix, base, extra, source.config)
         urls = await api_urls(workers)
         broker_pid = broker.pid if broker is not None else None
         if args.api_core is not None:
@@ -424,7 +478,7 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915
                 owners,
                 users,
                 lookups=False,
-                total=len(events),
+                total=total,
                 seconds=args.window,
                 cpu=cpu,
             )
@@ -437,21 +491,21 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915
                     owners,
                     users,
                     lookups=lookups,
-                    total=len(events),
+                    total=total,
                     rate=args.lookup_rate,
                     seconds=args.window,
                     cpu=cpu,
                 )
                 if row["drained"]:
                     say(
-                        f"the backlog of {len(events):,} events drained in window {n + 1} of "
+                        f"the backlog of {total:,} events drained in window {n + 1} of "
                         f"{args.runs * 2}: the throughput ratio has fewer windows (none: n/a); "
                         "more --events fill them all"
                     )
                     break
                 rows["with" if lookups else "without"].append(row)
             deadline = time.monotonic() + 900
-            while await applied(http, urls) < len(events) and time.monotonic() < deadline:
+            while await applied(http, urls) < total and time.monotonic() < deadline:
                 await asyncio.sleep(1.0)  # the latency phase starts with the backlog drained
             say("latency idle (no input)")
             idle = await latency(http, urls, owners, users)
@@ -467,7 +521,8 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0912, PLR0915
             rate=live_rate,
             seconds=LIVE_SECONDS,
             users=args.users,
-            config=CONFIG,
+            config=source.config,
+            stream=args.stream,
             out=out,
         ).start()
         if args.api_core is not None:  # started from this process: on its core
@@ -554,6 +609,7 @@ def report(
         + (f" --window {args.window:g}" if args.window != WINDOW_S else "")
         + "".join(f" --worker-env {name}={value}" for name, value in args.worker_env)
         + (f" --api-core {args.api_core}" if args.api_core is not None else "")
+        + (f" --stream {args.stream}" if args.stream != "synthetic" else "")
         + "\n"
     )
     print(
@@ -656,6 +712,13 @@ def main() -> int:
         prog="python -m bench.lookup", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--broker", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--stream",
+        choices=("synthetic", "realistic"),
+        default="synthetic",
+        help="the input: the synthetic clickstream, or the realistic Segment stream "
+        "(bench/realistic.py, on bench/realistic.yaml)",
+    )
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=4, help="windows each without/with lookups")

@@ -19,6 +19,7 @@ def args() -> argparse.Namespace:
         window=WINDOW_S,
         worker_env=[],
         api_core=None,
+        stream="synthetic",
     )
 
 
