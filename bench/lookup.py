@@ -54,7 +54,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
-from bench.inputs import Record, build, closing
+from bench.inputs import Record, build
 from bench.machine import machine
 from bench.session import say
 from bench.synthetic import clickstream
@@ -270,11 +270,10 @@ def lookup_input(stream: str, events: int, users: int) -> LookupInput:
             f"{len(stream_events):,} synthetic events of {len(ids):,} users",
         )
     source = build("realistic", events, users, PARTITIONS)
-    marks = len(closing(source.events, PARTITIONS))  # the last records and events: left out
-    real = source.events[:-marks]
+    real = source.events[:-PARTITIONS]  # `build` ends with a closing mark per partition
     return LookupInput(
         source.config_path,
-        source.records[:-marks],
+        source.records[:-PARTITIONS],
         sorted({e.user for e in real}),
         len(real),
         dict(source.topic_config),

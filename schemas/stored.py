@@ -194,6 +194,11 @@ def decode_stored(raw: bytes, config: EngineConfig) -> StoredUser:
     proven = _proven(raw)
     if proven is not None:
         return _proven_user(proven, config)
+    return _unproven_user(raw, config)
+
+
+def _unproven_user(raw: bytes, config: EngineConfig) -> StoredUser:
+    """`decode_stored` of a value `_proven` left to the msgpack path, with its error texts."""
     value = _header(raw)
     try:
         state = state_from_record(value[4], config=config)
@@ -223,7 +228,7 @@ def decode_reading(raw: bytes, config: EngineConfig) -> tuple[EngineState | Read
     proven = _proven(raw)
     if proven is not None:
         return reading_from_proven(proven[4], config), proven[1], proven[2]
-    stored = decode_stored(raw, config)
+    stored = _unproven_user(raw, config)
     return stored.state, stored.partition, stored.last_offset
 
 
