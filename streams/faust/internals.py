@@ -6,7 +6,8 @@ the group membership heartbeat.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Final, NamedTuple, cast
 
 import rocksdict
@@ -14,6 +15,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.protocol.group import HeartbeatRequest
 from faust.types import TP
 
+from streams.faust.stores import faults_of, scan
 from streams.faust.upstream import ISOLATION_LEVEL
 
 
@@ -142,10 +144,36 @@ def open_databases(table: Any) -> dict[int, Any]:
 
 def store_items(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
     """Up to `limit` (key, value) pairs of the RocksDB database `db`, in key order, from the
-    first key after `after` (from the start when None); read now, not from a snapshot."""
+    first key after `after` (from the start when None); read now, not from a snapshot.
+    Checksums are verified; a corrupt block raises StoreError instead of ending the data."""
     start = None if after is None else after + b"\0"  # the least key greater than `after`
-    items = db.items() if start is None else db.items(from_key=start)
-    return list(itertools.islice(items, limit))
+    return list(itertools.islice(scan(db, start), limit))
+
+
+def store_scan(table: Any, partition: int) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of `table`'s local store of `partition` (Faust's offset key left
+    out), checksums verified: StoreError when the store is corrupt, never a short list."""
+    store = table.data
+    offset_key = store.offset_key
+    with faults_of(partition):
+        db = store._db_for_partition(partition)
+        return [(k, v) for k, v in scan(db) if k != offset_key]
+
+
+def store_active_items(table: Any) -> Iterator[tuple[bytes, bytes]]:
+    """Every (key, value) of `table`'s local stores of the partitions active here, as
+    `table.items()` gives them, but checksums verified and a corrupt store raising
+    StoreError (Faust's iteration ends at a bad block as if the data ended there)."""
+    actives = table.app.assignor.assigned_actives()
+    topic = table.changelog_topic_name
+    for partition in sorted(table.data._dbs):
+        if TP(topic, partition) in actives:
+            yield from store_scan(table, partition)
+
+
+def store_path(table: Any, partition: int) -> Path:
+    """Where `table`'s local store (RocksDB database) of `partition` lives."""
+    return Path(table.data.partition_path(partition))
 
 
 def store_get(table: Any, partition: int, key: bytes) -> bytes | None:
@@ -155,7 +183,8 @@ def store_get(table: Any, partition: int, key: bytes) -> bytes | None:
     same database, but twice for a present key (`in`, then the value) and through its sensors,
     its key index (a lock) and a KeyError for a missing key: several times the cost of this
     read, per read of a user the cache does not hold."""
-    value: bytes | None = table.data._db_for_partition(partition).get(key)
+    with faults_of(partition):
+        value: bytes | None = table.data._db_for_partition(partition).get(key)
     return value
 
 
@@ -167,13 +196,15 @@ def store_put_all(table: Any, partition: int, items: list[tuple[bytes, bytes]]) 
     batch = rocksdict.WriteBatch(raw_mode=True)  # raw bytes, as Faust opens the databases
     for key, value in items:
         batch.put(key, value)
-    table.data._db_for_partition(partition).write(batch)
+    with faults_of(partition):
+        table.data._db_for_partition(partition).write(batch)
 
 
 def set_persisted_offset(table: Any, tp: TP, offset: int) -> None:
     """Record that `table`'s local store holds its changelog partition `tp` up to `offset`
     (a restart with the datadir kept reads the changelog from there)."""
-    table.data.set_persisted_offset(tp, offset)
+    with faults_of(tp.partition):
+        table.data.set_persisted_offset(tp, offset)
 
 
 def wrap_changelog_apply(

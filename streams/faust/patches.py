@@ -27,13 +27,17 @@ from streams.faust.internals import (
     open_partitions,
     read_offset,
     set_persisted_offset,
+    store_active_items,
     store_get,
     store_items,
+    store_path,
     store_put_all,
+    store_scan,
     wrap_changelog_apply,
 )
 from streams.faust.producer import kafka_producer, key_partitioner
 from streams.faust.registry import PATCHES, applied, apply, unpatch
+from streams.faust.stores import StoreError, set_aside, set_aside_count
 from streams.faust.upstream import (
     AIOKAFKA_VERSION,
     FAUST_VERSION,
@@ -53,6 +57,7 @@ __all__ = [
     "UNKNOWN",
     "FaustVersionError",
     "RawSchema",
+    "StoreError",
     "abandon",
     "ack_all",
     "applied",
@@ -68,10 +73,15 @@ __all__ = [
     "open_databases",
     "open_partitions",
     "read_offset",
+    "set_aside",
+    "set_aside_count",
     "set_persisted_offset",
+    "store_active_items",
     "store_get",
     "store_items",
+    "store_path",
     "store_put_all",
+    "store_scan",
     "take_batches",
     "unpatch",
     "wrap_changelog_apply",

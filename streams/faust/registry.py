@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka.consumer.fetcher import Fetcher
+from faust.stores.rocksdb import Store as RocksDBStore
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
@@ -31,6 +32,7 @@ from streams.faust.fetch import (
 )
 from streams.faust.producer import _ebb_without_settings
 from streams.faust.recovery import _changelog_queue, _on_recovery_completed
+from streams.faust.stores import _setting_aside_corrupt
 from streams.faust.upstream import ORIGINALS, check_version
 from streams.faust.worker_loop import _new_consumer_thread
 
@@ -183,6 +185,16 @@ PATCHES: Final[tuple[Patch, ...]] = (
         "the consumer's thread waits for the GIL at every step while the worker applies "
         "batches; on the worker's loop it runs between them",
         "test_the_consumer_runs_on_the_apps_loop_without_a_thread",
+    ),
+    Patch(
+        RocksDBStore,
+        "_open_for_partition",
+        _setting_aside_corrupt(RocksDBStore._open_for_partition),
+        "1dc4e0113d67379dd61c0a396fa92636577d5fc6be60d4312253fa566080377b",
+        "none filed (Quix Streams and Kafka Streams recreate a corrupt store)",
+        "a partition's local copy that RocksDB finds corrupt stops the worker for good, though "
+        "the changelog holds all of it: it is set aside and restored instead",
+        "test_a_corrupt_local_copy_is_set_aside_and_opened_empty",
     ),
 )
 """Every patch, applied in this order by `apply`."""

@@ -90,6 +90,7 @@ from streams.lookup.serving import (
     route,
 )
 from streams.runtime import processor as processor_module
+from streams.runtime.failstop import FAIL_STOP
 from streams.settings import APP_HEADER, DEFAULT_API_NICE, DEFAULT_API_PORT, Settings
 from streams.settings.cpus import cpus_line, reserve_cpus
 from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
@@ -925,6 +926,9 @@ class FaustNode:
         lag = sum(self.lag().values())
         if lag > self.ready_max_lag:
             reasons.append(f"lag {lag} > ORACULAR_READY_MAX_LAG {self.ready_max_lag}")
+        reasons += self.runtime.disk.health()
+        if FAIL_STOP.stopping is not None:
+            reasons.append(f"stopping: {FAIL_STOP.stopping.kind}")
         return reasons
 
     def lag(self) -> dict[int, int]:
@@ -963,7 +967,35 @@ class FaustNode:
                 self.app.consumer_generation_id
             ),
             self._restore_family(),
+            *self._datadir_families(),
             *monitor_families(self.app.monitor),
+        ]
+
+    def _datadir_families(self) -> list[Family]:
+        """The datadir's free space and its guard (streams/runtime/diskguard.py), and the
+        corrupt local copies set aside (streams/faust/stores.py)."""
+        disk = self.runtime.disk
+        return [
+            Family(
+                "oracular_datadir_free_bytes",
+                "gauge",
+                "Free bytes on the datadir's disk, as last read (-1: not read yet).",
+            ).add(-1 if disk.free_bytes is None else disk.free_bytes),
+            Family(
+                "oracular_datadir_min_free_bytes",
+                "gauge",
+                "ORACULAR_MIN_FREE_BYTES: below it the worker takes no input (0: no guard).",
+            ).add(disk.min_free),
+            Family(
+                "oracular_datadir_low",
+                "gauge",
+                "1 while input is held because the datadir's disk is low on space.",
+            ).add(int(disk.holding)),
+            Family(
+                "oracular_store_set_aside_total",
+                "counter",
+                "Corrupt local copies set aside (and restored from the changelog).",
+            ).add(faust_patches.set_aside_count[0]),
         ]
 
     def _restore_family(self) -> Family:

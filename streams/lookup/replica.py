@@ -49,6 +49,7 @@ from engine import EngineConfig
 from streams.faust import patches as faust_patches
 from streams.lookup.metrics import Family, Histogram, Metrics
 from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, UserRead
+from streams.runtime.failstop import FAIL_STOP
 from streams.settings.cpus import pin_process
 from streams.settings.peers import Peers
 
@@ -597,6 +598,9 @@ class Feed:
                     await asyncio.sleep(0)  # the worker's batches run between chunks
                     if self.node.databases().get(partition) is not db:
                         raise LookupError(partition)  # closed or reopened meanwhile
+            except faust_patches.StoreError as exc:  # corrupt: never "the end of the data"
+                exc.partition = partition
+                FAIL_STOP.stop("the lookup API's feed", exc)
             except Exception:
                 log.debug("partition %s changed while copied to the API process", partition)
                 self.copies.pop(partition, None)

@@ -14,10 +14,12 @@ shutdown is never committed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Final
 
 import faust
@@ -32,17 +34,21 @@ from streams.faust.config import (
 )
 from streams.runtime.backfill import Backfill
 from streams.runtime.commit import BatchCommit, Progress
-from streams.runtime.datadir import DatadirError
+from streams.runtime.datadir import DatadirError, DatadirInUse
 from streams.runtime.datadir import prepare as prepare_datadir
+from streams.runtime.diskguard import DiskGuard
+from streams.runtime.failstop import FAIL_STOP
 from streams.runtime.faults import KillSwitch
 from streams.runtime.fencing import Fence
 from streams.runtime.gapfill import GapFiller, fill_holes
 from streams.runtime.memory import GcPolicy
 from streams.runtime.positions import Positions
 from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
+from streams.runtime.quiet_logs import quiet_aiokafka_logs
+from streams.runtime.shutdown import StopDeadline
 from streams.runtime.state_table import FaustTable, Written, fence_stale_changelog_records
 from streams.settings import ROCKSDB_OPTIONS, Settings
-from streams.settings.exits import EXIT_USAGE
+from streams.settings.exits import EXIT_DATADIR_IN_USE, EXIT_USAGE
 from streams.settings.topics import STATE_TABLE, ProductTopics
 
 log = logging.getLogger("oracular.worker")
@@ -69,32 +75,6 @@ def raw_topic(app: Any, *names: str, partitions: int, internal: bool = False) ->
     )
 
 
-class _TransientCoordinatorErrors(logging.Filter):
-    """aiokafka logs a retriable "Group Coordinator Request failed" at ERROR; a fresh broker
-    answers so while it creates its offsets topic, and aiokafka retries at once. INFO, then:
-    an ERROR line in a healthy first start sends people looking for a problem."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.levelno == logging.ERROR
-            and str(record.msg).startswith("Group Coordinator Request failed")
-            and record.args
-            and getattr(
-                record.args[0] if isinstance(record.args, tuple) else None, "retriable", False
-            )
-        ):
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg += " (retrying)"
-        return True
-
-
-def quiet_transient_coordinator_errors() -> None:
-    """Install _TransientCoordinatorErrors on aiokafka's group coordinator logger (once)."""
-    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
-    if not any(isinstance(f, _TransientCoordinatorErrors) for f in logger.filters):
-        logger.addFilter(_TransientCoordinatorErrors())
-
-
 def create_runtime(
     settings: Settings, config: EngineConfig, backfill: Backfill | None = None
 ) -> Runtime:
@@ -105,13 +85,15 @@ def create_runtime(
     With `backfill`, inputs at or past its stop offsets are not applied and `backfill.done`
     is called when the end is reached.
     """
-    quiet_transient_coordinator_errors()
+    quiet_aiokafka_logs()
     topics = settings.topics
     try:  # private (0700), and this app's: refuse another app's state (streams/runtime/datadir.py)
         prepare_datadir(settings.state_dir, settings.app_id, topics.events.name)
     except DatadirError as exc:
         print(f"oracular worker: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from exc
+        raise SystemExit(
+            EXIT_DATADIR_IN_USE if isinstance(exc, DatadirInUse) else EXIT_USAGE
+        ) from exc
     partitions = topics.events.partitions
     app = faust.App(
         settings.app_id,
@@ -184,6 +166,7 @@ def create_runtime(
         # A mass of due closes (a backfill's end, live input after a backlog) is spread over
         # ticks sent at once, so no batch stalls the worker for seconds on them.
         timer_closes_per_batch=TIMER_CLOSES_PER_BATCH,
+        faults=(faust_patches.StoreError,),  # a storage fault stops the worker (failstop.py)
     )
     runtime = Runtime(
         app,
@@ -201,10 +184,20 @@ def create_runtime(
         batch_max=settings.batch_max,
         backfill=backfill,
         ticks=ticks,
+        disk=DiskGuard(settings.state_dir, settings.min_free_bytes),
     )
     fence_stale_changelog_records(table, runtime.repair, runtime.table.tap)
+    FAIL_STOP.set_aside = lambda partition: faust_patches.set_aside(
+        faust_patches.store_path(table, partition), "found corrupt while the worker read it"
+    )
+
+    # Every body below stops the worker when an exception escapes it (FAIL_STOP.guarded,
+    # streams/runtime/failstop.py): Faust would log it and go on, or restart the agent around
+    # a batch whose states were lost.
+    guarded = FAIL_STOP.guarded
 
     @app.agent(inputs, concurrency=1)  # concurrency 1: per-user order
+    @guarded("the processing agent")
     async def process(stream: Any) -> None:
         runtime.commit.buffered = lambda: faust_patches.buffered(stream)
         batches = faust_patches.take_batches(
@@ -213,26 +206,37 @@ def create_runtime(
         try:
             async for events in batches:
                 await runtime.run_batch(events)
+        except Exception as exc:  # stopped here: the finally must not write what is held
+            FAIL_STOP.stop("the processing agent", exc)
         finally:
             await runtime.stopping()  # what is held, then the last changelog and its acks
 
     @app.timer(settings.tick_interval_s)
+    @guarded("the tick timer")
     async def tick() -> None:
         await runtime.send_ticks()
 
     @app.task
+    @guarded("the lease")
     async def keep_lease() -> None:
         await runtime.fence.lease.keep()
 
+    @app.task
+    async def bound_the_stop() -> None:  # from the start: a stop may come at any time
+        StopDeadline(lambda: app.should_stop, settings.shutdown_timeout_s).start()
+
     @app.timer(settings.summary_interval_s)
+    @guarded("the summary timer")
     async def summary() -> None:
         runtime.log_summary()
 
     @table.on_recover
+    @guarded("the deadline index's rebuild")
     async def rebuild_deadlines() -> None:
         runtime.rebuild(table)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's signal typing
+    @guarded("the partitions' revocation")
     async def forget(app: Any, revoked: set[TP], **_: Any) -> None:
         partitions = [tp.partition for tp in revoked if tp.topic == topics.events.name]
         processor.forget(partitions)
@@ -243,7 +247,16 @@ def create_runtime(
         runtime.log_summary()
         await runtime.gaps.close()
 
-    del process, tick, keep_lease, summary, rebuild_deadlines, forget, final_summary  # registered
+    del (
+        process,
+        tick,
+        keep_lease,
+        bound_the_stop,
+        summary,
+        rebuild_deadlines,
+        forget,
+        final_summary,
+    )  # registered
     return runtime
 
 
@@ -266,8 +279,11 @@ class Runtime:
         batch_max: int,
         backfill: Backfill | None = None,
         ticks: Any,
+        disk: DiskGuard | None = None,
     ) -> None:
         self.app, self.processor, self.table = app, processor, table
+        self.disk = disk or DiskGuard(Path("."), 0)
+        """The datadir's free space: input waits while it is low."""
         self.backfill = backfill
         self.events_topic = topics.events.name
         self.ticks_topic = topics.ticks.name
@@ -327,6 +343,8 @@ class Runtime:
         the worker fenced itself (streams/runtime/fencing.py). No events: write what is
         held."""
         commit = self.commit
+        if self.disk.low() and not await self._space_for(events):
+            return
         generation = self.app.consumer_generation_id  # the group generation it was read in
         if not events:
             await commit.write_held()
@@ -350,6 +368,20 @@ class Runtime:
         writes = await commit.commit(batch, events, messages, generation, clock.lap)
         if writes is not None:
             clock.report(len(messages), len(batch.outputs), writes)
+
+    async def _space_for(self, events: list[Any]) -> bool:
+        """Wait, applying nothing, until the datadir has space again (`DiskGuard`). False
+        when a rebalance or a stop comes first: the batch is then given up unapplied and
+        unacked, for whoever owns its partitions next to read again (acked or still in
+        flight, Faust's rebalance and stop would wait for it)."""
+        try:
+            if await self.disk.wait_for_space(lambda: bool(self.app.rebalancing)):
+                return True
+        except asyncio.CancelledError:
+            self.commit.host.abandon(events)
+            raise
+        self.commit.host.abandon(events)
+        return False
 
     def _backfill_progress(self) -> Progress:
         """As a batch's states are written: what tells the backfill its messages once acked
@@ -434,7 +466,7 @@ class Runtime:
         self.commit.drop_held("recovered")
         consumer, ticks = self.app.consumer, self.ticks_topic
         self.processor.rebuild(
-            table.items(),
+            faust_patches.store_active_items(table),  # checksums verified, corruption raised
             _wall_ms(),
             lambda p: faust_patches.committed_offset(consumer, TP(ticks, p)),
         )
@@ -488,10 +520,10 @@ class _FaustHost:
         faust_patches.abandon(self.app.consumer, events)
 
     def crashed(self) -> bool:
-        return bool(self.app.crashed)
+        return FAIL_STOP.stopping is not None or bool(self.app.crashed)
 
     async def crash(self, exc: BaseException) -> None:
-        await self.app.crash(exc)
+        FAIL_STOP.stop("the batch commit", exc)
 
 
 class _StageClock:

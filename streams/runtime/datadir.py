@@ -8,7 +8,11 @@ topic. So `prepare` (called by `streams.runtime.app.create_runtime` before Faust
   the RocksDB files, whatever their own modes;
 - writes `MARKER` in it, `{"app_id": ..., "events_topic": ...}`, the first time;
 - refuses a datadir whose marker names another app id or another input topic, in one line
-  (`DatadirError`): starting app `a` on app `b`'s datadir mixed the two apps' states.
+  (`DatadirError`): starting app `a` on app `b`'s datadir mixed the two apps' states;
+- takes an exclusive lock (`flock` on `LOCK`), held until the process exits, and refuses a
+  datadir another process holds (`DatadirInUse`): two workers on one datadir both opened
+  RocksDB copies of the same partitions, and crashed on RocksDB's own lock once one of them
+  froze. The kernel drops the lock when the process dies, however it dies.
 
 `oracular reset` deletes the datadir, the marker with it, and refuses one that another app's
 marker claims (`check_owner`).
@@ -16,6 +20,7 @@ marker claims (`check_owner`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -28,10 +33,55 @@ log = logging.getLogger("oracular.worker")
 MARKER: Final = "oracular-datadir.json"
 """The file in a datadir naming the app (and input topic) its state belongs to."""
 MODE: Final = 0o700
+LOCK: Final = "oracular-datadir.lock"
+"""The file in a datadir its worker holds an exclusive `flock` on."""
+
+_held: dict[Path, int] = {}
+"""Datadir -> the descriptor of its lock, for the datadirs this process holds."""
 
 
 class DatadirError(Exception):
     """The datadir cannot be used by this app; the message is one line saying what to do."""
+
+
+class DatadirInUse(DatadirError):
+    """Another process (a worker, a backfill) holds the datadir's lock."""
+
+
+def lock(datadir: Path) -> None:
+    """Hold `datadir`'s lock until this process exits (again: nothing to do).
+
+    Raises:
+        DatadirInUse: another process holds it.
+    """
+    key = datadir.resolve()
+    if key in _held:
+        return
+    fd = os.open(datadir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        msg = (
+            f"the datadir {datadir} is in use by another worker (it holds {LOCK}): give each "
+            "worker its own ORACULAR_DATADIR (--datadir), or stop the other one first"
+        )
+        raise DatadirInUse(msg) from None
+    _held[key] = fd
+
+
+def in_use(datadir: Path) -> bool:
+    """True when another process holds `datadir`'s lock (`oracular reset` refuses then)."""
+    if datadir.resolve() in _held or not (datadir / LOCK).exists():
+        return False
+    fd = os.open(datadir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock taken here
+    return False
 
 
 def read_owner(datadir: Path) -> dict[str, str] | None:
@@ -67,19 +117,21 @@ def check_owner(datadir: Path, app_id: str, events_topic: str | None = None) -> 
 
 
 def prepare(datadir: Path, app_id: str, events_topic: str) -> None:
-    """Create `datadir` 0700 (or make it 0700), check and write its marker.
+    """Create `datadir` 0700 (or make it 0700), lock it, check and write its marker.
 
     Raises:
+        DatadirInUse: another process holds it.
         DatadirError: another app's datadir, or one that cannot be made private.
     """
     check_owner(datadir, app_id, events_topic)
     try:
         datadir.mkdir(mode=MODE, parents=True, exist_ok=True)
+        lock(datadir)
         if stat.S_IMODE(datadir.stat().st_mode) != MODE:
             os.chmod(datadir, MODE)
         marker = datadir / MARKER
         if not marker.exists():
-            if any(p.name != MARKER for p in datadir.iterdir()):
+            if any(p.name not in (MARKER, LOCK) for p in datadir.iterdir()):
                 log.warning(
                     "datadir %s had no marker: taken as app %r's (written now)", datadir, app_id
                 )

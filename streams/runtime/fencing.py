@@ -29,10 +29,11 @@ from typing import Any, Final, NoReturn
 
 from schemas.ticks import encode_tick
 from streams.faust import patches as faust_patches
+from streams.settings.exits import EXIT_RESTART
 
 log = logging.getLogger("oracular.worker")
 
-EXIT_FENCED: Final = 75
+EXIT_FENCED: Final = EXIT_RESTART
 """Exit code of a worker that stopped itself after a freeze (sysexits EX_TEMPFAIL: restart)."""
 REPAIR_KEYS_PER_TICK: Final = 200
 """Users named per repair tick: a user id is at most 512 characters (2 KiB of UTF-8), so a

@@ -315,9 +315,13 @@ class Processor:
         stop_offsets: Mapping[int, int] | None = None,
         cache_users: int = 0,
         timer_closes_per_batch: int | None = None,
+        faults: tuple[type[BaseException], ...] = (),
     ) -> None:
-        """Set up for one worker; partitions' time starts unknown."""
+        """Set up for one worker; partitions' time starts unknown. `faults`: exceptions of
+        the machine (the table's storage errors) that a message must never be dead-lettered
+        for: they are raised (the worker stops, streams/runtime/failstop.py)."""
         self.config = config
+        self.faults = (MemoryError, *faults)
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
         self.time = time or TimePolicy()
         self.output_format: Format | None = output_format
@@ -546,7 +550,7 @@ class Processor:
             )
 
     def on_input(self, batch: Batch, message: InMessage, wall_ms: int | None = None) -> None:
-        """Decode, check, deduplicate and apply one input message; never raises."""
+        """Decode, check, deduplicate and apply one input message; raises only `faults`."""
         clock = self._clock(message.partition)
         if wall_ms is not None:
             clock.last_input_wall = wall_ms
@@ -560,6 +564,8 @@ class Processor:
                 self.dead_letter(batch, message, str(exc))
                 return
             self.apply(batch, message, event, wall_ms)
+        except self.faults:
+            raise  # the machine's fault, not the input's: never a dead letter
         except Exception as exc:
             self.counts["internal_errors"] += 1
             log.exception(

@@ -18,6 +18,7 @@ from faust.types import TP
 
 from schemas.stored import stored_version
 from streams.faust import patches as faust_patches
+from streams.runtime.failstop import FAIL_STOP
 from streams.runtime.processor import Table
 from streams.runtime.sending import Sent, acknowledged, hand_over, no_check
 
@@ -140,6 +141,14 @@ def fence_stale_changelog_records(
     """
 
     def skipping_stale(apply: Callable[[Any], None]) -> Callable[[Any], None]:
+        def apply_newer_or_stop(batch: Any) -> None:
+            # Raised in Faust's recovery, a storage fault would stop the restore and leave the
+            # worker running on part of its state: it stops the worker instead.
+            try:
+                apply_newer(batch)
+            except Exception as exc:
+                FAIL_STOP.stop("the changelog restore", exc)
+
         def apply_newer(batch: Any) -> None:
             kept: list[Any] = []
             newest: dict[tuple[int, bytes], tuple[int, int] | None] = {}
@@ -189,6 +198,6 @@ def fence_stale_changelog_records(
                     skipped,
                 )
 
-        return apply_newer
+        return apply_newer_or_stop
 
     faust_patches.wrap_changelog_apply(table, skipping_stale)

@@ -180,6 +180,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "how often consumed offsets are committed"),
     Setting("session_timeout_s", "ORACULAR_SESSION_TIMEOUT_S", float, 10.0,
             "a dead worker leaves the group after this"),
+    Setting("shutdown_timeout_s", "ORACULAR_SHUTDOWN_TIMEOUT_S", float, 30.0,
+            "a stop (SIGTERM, Ctrl-C) that takes longer than this (a broker gone, a write "
+            "that never returns) ends the worker anyway, with exit 124 and nothing more "
+            "acknowledged: the next owner applies the rest again"),
+    Setting("min_free_bytes", "ORACULAR_MIN_FREE_BYTES", int, 64 * 1024 * 1024,
+            "the worker takes no input while its datadir's disk has less free space than "
+            "this (not ready, `oracular_datadir_low` 1; docs/operations.md), so RocksDB never "
+            "fills the disk mid-batch (0: no guard)"),
     Setting("replication_factor", "ORACULAR_REPLICATION_FACTOR", int, 1,
             "replication of the topics the worker creates (use 3 on a real cluster)"),
     Setting("standby_replicas", "ORACULAR_STANDBY_REPLICAS", int, 0,
@@ -325,6 +333,8 @@ class Settings:
     summary_interval_s: float = default("summary_interval_s")
     commit_interval_s: float = default("commit_interval_s")
     session_timeout_s: float = default("session_timeout_s")
+    shutdown_timeout_s: float = default("shutdown_timeout_s")
+    min_free_bytes: int = default("min_free_bytes")
     replication_factor: int = default("replication_factor")
     standby_replicas: int = default("standby_replicas")
     security_protocol: str = default("security_protocol")
@@ -545,6 +555,7 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "summary_interval_s",
         "replication_factor",
         "session_timeout_s",
+        "shutdown_timeout_s",
         "commit_interval_s",
         "api_forward_timeout_s",
         "api_header_timeout_s",
@@ -564,6 +575,7 @@ def _check(settings: Settings, label: Any) -> list[str]:
         "state_write_interval_s",
         "standby_replicas",
         "ready_max_lag",
+        "min_free_bytes",
     )
     for name in not_negative:
         if getattr(settings, name) < 0:

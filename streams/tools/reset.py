@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
-from streams.runtime.datadir import DatadirError, check_owner
+from streams.runtime.datadir import DatadirError, check_owner, in_use
 from streams.tools.admin import BrokerError, quiet_aiokafka
 
 GROUP_ID_NOT_FOUND = 69  # Kafka error codes
@@ -73,6 +73,9 @@ async def plan_reset(
             check_owner(datadir, app_id)  # never another app's state
         except DatadirError as exc:
             raise BrokerError(str(exc)) from exc
+        if in_use(datadir):  # a worker on this host runs on it, in whatever group
+            msg = f"the datadir {datadir} is in use by a running worker: stop it first"
+            raise BrokerError(msg)
     return ResetPlan(
         app_id,
         topics,

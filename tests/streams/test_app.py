@@ -8,7 +8,7 @@ def test_a_retriable_coordinator_error_is_logged_as_info():
 
     from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
 
-    from streams.runtime.app import _TransientCoordinatorErrors
+    from streams.runtime.quiet_logs import _TransientCoordinatorErrors
 
     def record(err: Exception) -> logging.LogRecord:
         return logging.LogRecord(

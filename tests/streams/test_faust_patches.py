@@ -1378,3 +1378,119 @@ async def test_the_raw_schema_decodes_as_fausts_bytes_schema_does(key, value, he
         assert type(await topic.clone().decode(message)) is type(want)  # clones share it
     finally:
         app.consumer._thread.thread_loop.close()
+
+
+# --- the local store's faults: a corrupt copy set aside, scans that never end early ------------
+
+
+def _rocksdb_table(tmp_path: Path, name: str = "store-faults") -> Any:
+    app = faust.App(
+        name,
+        broker="kafka://127.0.0.1:1",  # never started: the store needs no broker
+        store="rocksdb://",
+        datadir=str(tmp_path),
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    return app.Table("st", key_type=bytes, value_type=bytes, partitions=4)
+
+
+def _filled(table: Any, partition: int, users: int = 20_000) -> Path:
+    """Write `users` values to `partition`'s database, flush it to one compacted .sst, close
+    it; the .sst's path."""
+    faust_patches.store_put_all(
+        table, partition, [(b"u%06d" % i, os.urandom(200)) for i in range(users)]
+    )
+    db = table.data._dbs.pop(partition)
+    db.flush()
+    db.compact_range(None, None)
+    db.close()
+    (sst,) = faust_patches.store_path(table, partition).glob("*.sst")
+    return sst
+
+
+def _flip(path: Path, at: float = 1 / 3, size: int = 200) -> None:
+    with path.open("r+b") as f:
+        f.seek(int(path.stat().st_size * at))
+        f.write(bytes(b ^ 0xFF for b in f.read(size)[:size]) or os.urandom(size))
+
+
+def test_a_corrupt_local_copy_is_set_aside_and_opened_empty(tmp_path, patched):
+    """A truncated .sst: upstream's open raises RocksDB's Corruption, for good (every start
+    fails the same way). Patched, the database goes to `set-aside/` with the reason, and the
+    partition opens empty, for the recovery to restore from the changelog."""
+    table = _rocksdb_table(tmp_path)
+    sst = _filled(table, 2)
+    half = sst.stat().st_size // 2
+    os.truncate(sst, half)
+    path = faust_patches.store_path(table, 2)
+    before = faust_patches.set_aside_count[0]
+    try:
+        assert faust_patches.store_get(table, 2, b"u000001") is None  # opened anew: empty
+        assert faust_patches.store_scan(table, 2) == []
+        (aside,) = (path.parent / "set-aside").iterdir()
+        assert aside.name.startswith(path.name + ".")
+        assert (aside / sst.name).stat().st_size == half  # kept as it was
+        assert "Sst file size mismatch" in (aside / "SET-ASIDE-REASON.txt").read_text()
+        assert faust_patches.set_aside_count[0] == before + 1
+    finally:
+        for db in table.data._dbs.values():
+            db.close()
+
+
+def test_only_the_newest_corrupt_copies_are_kept(tmp_path):
+    from streams.faust.stores import KEEP_SET_ASIDE
+
+    for n in range(KEEP_SET_ASIDE + 2):
+        db = tmp_path / "tables" / "st-1.db"
+        db.mkdir(parents=True)
+        (db / "n").write_text(str(n))
+        faust_patches.set_aside(db, "test")
+    kept = sorted((tmp_path / "tables" / "set-aside").iterdir())
+    assert len(kept) == KEEP_SET_ASIDE
+    assert {int((k / "n").read_text()) for k in kept} == {2, 3, 4}
+
+
+def test_a_scan_over_a_corrupt_block_raises_where_upstream_ends_early(tmp_path):
+    """Bit-flipped bytes inside an .sst: the database opens, and Faust's own iteration
+    (rocksdict's `items()`) stops at the bad block as if the data ended; the scans the worker
+    runs (the deadline index's rebuild, the lookup API's full copies) raise StoreError."""
+    table = _rocksdb_table(tmp_path)
+    _flip(_filled(table, 1))
+    try:
+        db = table.data._db_for_partition(1)
+        upstream = sum(1 for _ in db.items())
+        assert 0 < upstream < 20_000  # upstream: a short copy, no error
+        with pytest.raises(faust_patches.StoreError) as raised:
+            faust_patches.store_scan(table, 1)
+        assert raised.value.corrupt and raised.value.partition == 1
+        with pytest.raises(faust_patches.StoreError):
+            faust_patches.store_items(db, None, 30_000)
+    finally:
+        for db in table.data._dbs.values():
+            db.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_a_full_disk_is_a_store_error_not_a_bug(tmp_path):
+    """RocksDB's "IO error: No space left on device" comes out as StoreError (not corrupt),
+    which stops the worker with exit 74 instead of dead-lettering or restarting."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        table = _rocksdb_table(mount)
+        with pytest.raises(faust_patches.StoreError) as raised:
+            for n in range(1_000):  # 1,000 batches of 100 KiB: far past 2 MiB
+                faust_patches.store_put_all(
+                    table, 0, [(b"u%06d-%d" % (i, n), os.urandom(1024)) for i in range(100)]
+                )
+        assert not raised.value.corrupt and raised.value.partition == 0
+        assert "No space left on device" in str(raised.value)
+        for db in table.data._dbs.values():
+            with contextlib.suppress(Exception):  # RocksDB refuses to flush it: no space
+                db.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
