@@ -122,7 +122,8 @@ class FailStop:
             detail,
             exc_info=exc if fault is BUG else None,
         )
-        stderr = self._stderr or sys.stderr
+        # The process's own stderr: Faust's worker redirects `sys.stderr` into its log.
+        stderr = self._stderr or sys.__stderr__ or sys.stderr
         print(
             f"oracular worker: stopped ({fault.kind} in {where}: {detail}): {fault.remedy} "
             f"(exit {fault.code})",

@@ -72,7 +72,7 @@ def quiet_aiokafka_logs() -> None:
     """Install the filters on aiokafka's loggers (once)."""
     for name, kind in (
         ("aiokafka.consumer.group_coordinator", _TransientCoordinatorErrors),
-        ("aiokafka.client", BrokerUnreachable),
+        ("aiokafka", BrokerUnreachable),  # aiokafka/client.py logs as "aiokafka"
     ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, kind) for f in logger.filters):

@@ -59,7 +59,7 @@ class StopDeadline:
             f"(exit {EXIT_STOP_TIMEOUT})"
         )
         log.critical(line)
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # not Faust's redirect
         for handler in logging.getLogger().handlers:
             handler.flush()
         self._exit(EXIT_STOP_TIMEOUT)

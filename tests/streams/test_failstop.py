@@ -236,7 +236,7 @@ def test_a_lost_broker_is_logged_once_then_every_so_often():
 
     def attempt() -> logging.LogRecord:
         return logging.LogRecord(
-            "aiokafka.client",
+            "aiokafka",
             logging.ERROR,
             __file__,
             1,
@@ -257,5 +257,14 @@ def test_a_lost_broker_is_logged_once_then_every_so_often():
     now[0] += 60  # quiet for a while: the next failure starts a new outage
     record = attempt()
     assert quiet.filter(record) and record.getMessage().startswith("Unable connect")
-    other = logging.LogRecord("aiokafka.client", logging.ERROR, __file__, 1, "other", (), None)
+    other = logging.LogRecord("aiokafka", logging.ERROR, __file__, 1, "other", (), None)
     assert quiet.filter(other)
+
+
+def test_the_filter_sits_on_the_logger_aiokafkas_client_logs_to():
+    import aiokafka.client
+
+    from streams.runtime.quiet_logs import quiet_aiokafka_logs
+
+    quiet_aiokafka_logs()
+    assert any(isinstance(f, BrokerUnreachable) for f in aiokafka.client.log.filters)
