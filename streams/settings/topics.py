@@ -97,3 +97,8 @@ def declare_topics(
         episodes=spec("episodes", "episodes"),
         dlq=spec("dlq", "events.dlq"),
     )
+
+
+def changelog_topic(app_id: str) -> str:
+    """The state table's changelog topic of `app_id` (Faust names it <app id>-<table>-changelog)."""
+    return f"{app_id}-{STATE_TABLE}-changelog"

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from streams.settings.topics import changelog_topic
 
 TOPIC_ALREADY_EXISTS: Final = 36  # Kafka error code
 PROBE_TIMEOUT_S: Final = 5.0
@@ -296,3 +299,69 @@ async def prepare_deployment(settings: Any, *, create: bool = True) -> None:
         client=client,
         exact=(topics.events.name, topics.ticks.name),
     )
+    await check_changelog_async(settings)
+
+
+COORDINATOR_WAIT_S: Final = 20.0
+"""A fresh broker creates its offsets topic on the first group request: wait for it."""
+
+
+async def _group_offsets(admin: Any, group: str, timeout_s: float) -> dict[Any, Any]:
+    """The group's committed offsets, retrying while the broker has no coordinator yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return dict(await admin.list_consumer_group_offsets(group))
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def check_changelog_async(settings: Any, timeout_s: float = 10.0) -> None:
+    """The state table's changelog topic fits the app: one partition per input partition, and
+    not missing while the app id has committed input offsets.
+
+    A changelog deleted while the workers were down was created again empty by Faust, and the
+    workers went on from the committed offsets with every user forgotten (then a
+    `ConsistencyError` traceback); one pre-created with fewer partitions stopped the worker on
+    the first input of a partition it lacks. Both are refused before the worker starts.
+
+    Raises:
+        BrokerError: saying what is wrong and how to fix it.
+    """
+    name = changelog_topic(settings.app_id)
+    wanted = settings.topics.events.partitions
+    admin = _admin(settings.broker, timeout_s, settings.client_kwargs())
+    try:
+        with quiet_aiokafka():
+            await admin.start()
+        described = await admin.describe_topics([name])
+        offsets = await _group_offsets(admin, settings.app_id, COORDINATOR_WAIT_S)
+    except Exception as exc:
+        msg = f"Could not describe {name} on {settings.broker}: {exc!r}. Is the broker up?"
+        raise BrokerError(msg) from exc
+    finally:
+        await admin.close()
+    found = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
+    if name in found and found[name] != wanted:
+        msg = (
+            f"the changelog topic {name} has {found[name]} partitions, but the input has "
+            f"{wanted}: the state table needs one per input partition. Delete it with "
+            f"`oracular reset {settings.app_id}` (its state is lost) or set "
+            f"ORACULAR_PARTITIONS={found[name]}"
+        )
+        raise BrokerError(msg)
+    committed = [
+        tp
+        for tp, meta in offsets.items()
+        if tp.topic == settings.topics.events.name and meta.offset >= 0
+    ]
+    if name not in found and committed:
+        msg = (
+            f"the changelog topic {name} is missing, but app id {settings.app_id!r} has "
+            f"committed input offsets: its state is gone, and the worker would go on from "
+            f"those offsets with every user forgotten. Restore the topic, or start over with "
+            f"`oracular reset {settings.app_id}` (the input is then read again from the start)"
+        )
+        raise BrokerError(msg)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from rocksdict import Options, Rdict
 
 from infra.broker import start_broker
@@ -36,6 +37,7 @@ from streams.settings.exits import (
     EXIT_RESTART,
     EXIT_STOP_TIMEOUT,
     EXIT_STORAGE,
+    EXIT_UNAVAILABLE,
 )
 from streams.settings.topics import STATE_TABLE
 
@@ -43,6 +45,7 @@ from .conftest import WorkerFactory
 from .support import FaustWorker
 from .test_worker import FAST_TICK_S, assert_no_dead_letters, closed_by_a_later_day, worker_for
 from .worker_support import (
+    PARTITIONS,
     Deployment,
     assert_outputs_equal,
     deployment,
@@ -272,3 +275,53 @@ async def test_a_stop_with_the_broker_gone_ends_within_the_timeout(
         assert retries <= 3, f"{retries} lines for one lost broker"
     finally:
         await asyncio.to_thread(broker.stop, wipe=True)
+
+
+async def _changelog_refused(worker: FaustWorker, says: str) -> None:
+    LoggedProcess.start(worker)
+    assert await worker.wait_exit_async(FAULT_TIMEOUT_S) == EXIT_UNAVAILABLE
+    log = worker.log_text(current_run_only=True)
+    assert says in log and "Traceback" not in log, log
+
+
+async def test_a_changelog_deleted_while_the_worker_was_down_is_refused_at_start(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    """Faust would create it again empty and the worker would go on from the committed offsets
+    with every user forgotten: the start is refused, saying how to restore or start over."""
+    dep = deployment(kafka, request.node.name)
+    await dep.create_topics()
+    worker = worker_for(faust_worker, dep)
+    worker.start()
+    await produce_events(kafka, dep.topics.events.name, the_stream(dep)[0][:300])
+    await wait_committed(dep, timeout_s=FAULT_TIMEOUT_S)
+    assert worker.stop() == 0
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        await admin.delete_topics([dep.changelog])
+        deadline = time.monotonic() + FAULT_TIMEOUT_S
+        while dep.changelog in await admin.list_topics():
+            assert time.monotonic() < deadline, "the changelog was not deleted"
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    await _changelog_refused(worker, f"the changelog topic {dep.changelog} is missing, but app id")
+
+
+async def test_a_changelog_with_fewer_partitions_than_the_input_is_refused_at_start(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory
+) -> None:
+    dep = deployment(kafka, request.node.name)
+    await dep.create_topics()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(dep.changelog, PARTITIONS - 1, 1)])
+    finally:
+        await admin.close()
+    await _changelog_refused(
+        worker_for(faust_worker, dep),
+        f"the changelog topic {dep.changelog} has {PARTITIONS - 1} partitions, but the input "
+        f"has {PARTITIONS}",
+    )
