@@ -839,6 +839,13 @@ def run_reset(args: argparse.Namespace) -> int:
             "stop its workers first",
             EXIT_REFUSED,
         )
+    if plan.datadir_in_use:
+        return fail(
+            "reset",
+            f"refused: the datadir {plan.datadir} is in use by a running worker",
+            "stop it first",
+            EXIT_REFUSED,
+        )
     if args.dry_run:
         print("dry run: nothing deleted")
         return 0

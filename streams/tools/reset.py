@@ -40,6 +40,8 @@ class ResetPlan:
     """Active members of the group: a reset refuses while there are any."""
     datadir: Path | None = None
     """The local state directory, if it exists."""
+    datadir_in_use: bool = False
+    """A worker on this host holds the datadir's lock: a reset refuses then."""
 
     def describe(self) -> str:
         """What will be (or would be) deleted, one line each."""
@@ -73,15 +75,13 @@ async def plan_reset(
             check_owner(datadir, app_id)  # never another app's state
         except DatadirError as exc:
             raise BrokerError(str(exc)) from exc
-        if in_use(datadir):  # a worker on this host runs on it, in whatever group
-            msg = f"the datadir {datadir} is in use by a running worker: stop it first"
-            raise BrokerError(msg)
     return ResetPlan(
         app_id,
         topics,
         app_id if known else None,
         len(members) if known else 0,
         datadir if datadir.exists() else None,
+        datadir.exists() and in_use(datadir),  # a worker runs on it, in whatever group
     )
 
 
@@ -106,6 +106,9 @@ async def execute_reset(
     bootstrap: str, plan: ResetPlan, client: Mapping[str, Any] | None = None
 ) -> None:
     """Delete what `plan` lists. Raises BrokerError if the group has active members."""
+    if plan.datadir_in_use:
+        msg = f"the datadir {plan.datadir} is in use by a running worker: stop it first"
+        raise BrokerError(msg)
     if plan.members:
         msg = (
             f"the consumer group {plan.app_id!r} has {plan.members} active member(s): stop "

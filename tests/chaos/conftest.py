@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra.broker import Broker, BrokerError, free_port, port_is_free, start_broker
-from tests.integration.conftest import _unavailable, kafka
+from tests.integration.conftest import _unavailable, faust_worker, kafka
 
-__all__ = ["RestartableBroker", "chaos_broker", "kafka"]
+__all__ = ["RestartableBroker", "chaos_broker", "faust_worker", "kafka"]
 
 PORT_ATTEMPTS = 50
 

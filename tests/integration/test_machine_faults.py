@@ -26,11 +26,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from rocksdict import Options, Rdict
 
-from infra.broker import start_broker
+from infra.broker import free_port, start_broker
 from infra.processes import LoggedProcess
 from streams.settings.exits import (
     EXIT_DATADIR_IN_USE,
@@ -43,6 +44,7 @@ from streams.settings.topics import STATE_TABLE
 
 from .conftest import WorkerFactory
 from .support import FaustWorker
+from .test_serving import api_url
 from .test_worker import FAST_TICK_S, assert_no_dead_letters, closed_by_a_later_day, worker_for
 from .worker_support import (
     PARTITIONS,
@@ -98,8 +100,9 @@ def on_disk(worker: FaustWorker, disk: Path) -> FaustWorker:
     return worker
 
 
-def the_stream(dep: Deployment) -> tuple[list, int]:
-    return closed_by_a_later_day(generate_stream(dep.config, events=EVENTS, users=USERS, seed=SEED))
+def the_stream(dep: Deployment, events: int = EVENTS, users: int = USERS) -> tuple[list, int]:
+    """A generated stream of `events` of `users`, and the watermark its last marks give."""
+    return closed_by_a_later_day(generate_stream(dep.config, events=events, users=users, seed=SEED))
 
 
 async def finish_and_compare(
@@ -125,32 +128,40 @@ def stop_lines(worker: FaustWorker) -> list[str]:
     ]
 
 
+async def full_disk(
+    dep: Deployment, faust_worker: WorkerFactory, disk: Path, stream: tuple[list, int]
+) -> None:
+    """The datadir's disk fills mid-stream (the guard off): exit 74 and one line; a restart
+    once space is freed gives the replay's outputs."""
+    events, until = stream
+    await dep.create_topics()
+    worker = on_disk(
+        worker_for(
+            faust_worker, dep, ORACULAR_MIN_FREE_BYTES="0", ORACULAR_TICK_INTERVAL_S=FAST_TICK_S
+        ),
+        disk,
+    )
+    worker.start()
+    filler = fill(disk, LEAVE_BYTES)
+    await produce_events(dep.bootstrap, dep.topics.events.name, events)
+    code = await worker.wait_exit_async(FAULT_TIMEOUT_S)
+    lines = stop_lines(worker)
+    assert code == EXIT_STORAGE, worker.log_tail(60)
+    assert len(lines) == 1 and "(storage in " in lines[0], lines
+    assert "No space left on device" in lines[0] and "free space" in lines[0], lines
+    assert "restarting" not in worker.log_text(current_run_only=True).lower()
+    filler.unlink()
+    worker.start()
+    await finish_and_compare(dep, worker, events, until)
+
+
 @needs_root
 async def test_a_full_disk_stops_the_worker_and_a_restart_equals_the_replay(
     kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
 ) -> None:
     dep = deployment(kafka, request.node.name, settings={"ORACULAR_BATCH_MAX": "50"})
-    events, until = the_stream(dep)
-    await dep.create_topics()
     with small_disk(tmp_path / "disk") as disk:
-        worker = on_disk(
-            worker_for(
-                faust_worker, dep, ORACULAR_MIN_FREE_BYTES="0", ORACULAR_TICK_INTERVAL_S=FAST_TICK_S
-            ),
-            disk,
-        )
-        worker.start()
-        filler = fill(disk, LEAVE_BYTES)
-        await produce_events(kafka, dep.topics.events.name, events)
-        code = await worker.wait_exit_async(FAULT_TIMEOUT_S)
-        lines = stop_lines(worker)
-        assert code == EXIT_STORAGE, worker.log_tail(60)
-        assert len(lines) == 1 and "(storage in " in lines[0], lines
-        assert "No space left on device" in lines[0] and "free space" in lines[0], lines
-        assert "restarting" not in worker.log_text(current_run_only=True).lower()
-        filler.unlink()
-        worker.start()
-        await finish_and_compare(dep, worker, events, until)
+        await full_disk(dep, faust_worker, disk, the_stream(dep))
 
 
 @needs_root
@@ -191,20 +202,19 @@ def _compact(datadir: Path) -> list[Path]:
     return sorted(datadir.rglob("*.sst"), key=lambda p: p.stat().st_size, reverse=True)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped"])
-async def test_a_corrupt_local_copy_is_restored_from_the_changelog(
-    kafka: str,
-    request: pytest.FixtureRequest,
-    faust_worker: WorkerFactory,
-    damage: str,
+async def corrupt_copy(
+    dep: Deployment, faust_worker: WorkerFactory, damage: str, stream: tuple[list, int]
 ) -> None:
-    dep = deployment(kafka, request.node.name, settings={"ORACULAR_BATCH_MAX": "50"})
-    events, until = the_stream(dep)
+    """Half the stream, a clean stop, one .sst damaged; the restart sets the copy aside and
+    restores it (a flip: found by the first scan, exit 75, restored by the next start);
+    lookups never answer the prior for a user whose state exists; the rest of the stream, and
+    every output equals the replay."""
+    events, until = stream
     half = len(events) // 2
     await dep.create_topics()
     worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
     worker.start()
-    await produce_events(kafka, dep.topics.events.name, events[:half])
+    await produce_events(dep.bootstrap, dep.topics.events.name, events[:half])
     await wait_committed(dep, timeout_s=FAULT_TIMEOUT_S)
     assert worker.stop() == 0
     sst = _compact(worker.datadir)[0]
@@ -214,7 +224,7 @@ async def test_a_corrupt_local_copy_is_restored_from_the_changelog(
         with sst.open("r+b") as f:
             f.seek(sst.stat().st_size // 3)
             f.write(os.urandom(200))
-    if damage == "flipped":  # found by the first scan of the copy: set aside, then exit 75
+    if damage == "flipped":
         LoggedProcess.start(worker)  # not ready: the scan runs in the restore, before that
         code = await worker.wait_exit_async(FAULT_TIMEOUT_S)
         lines = stop_lines(worker)
@@ -226,8 +236,40 @@ async def test_a_corrupt_local_copy_is_restored_from_the_changelog(
         assert "is corrupt" in worker.log_text(current_run_only=True)
     set_aside = list(worker.datadir.rglob("set-aside/*"))
     assert len(set_aside) == 1 and set_aside[0].name.startswith(sst.parent.name), set_aside
-    await produce_events(kafka, dep.topics.events.name, events[half:])
+    known = sorted({e.user for e in events[:half]})
+    answers = await lookup_all(api_url(worker), known)
+    unknown = [user for user, status in answers.items() if status == "unknown"]
+    assert not unknown, f"{len(unknown)} users with a state answered as unknown: {unknown[:5]}"
+    await produce_events(dep.bootstrap, dep.topics.events.name, events[half:])
     await finish_and_compare(dep, worker, events, until)
+
+
+async def lookup_all(url: str, users: list[str]) -> dict[str, str]:
+    """User -> the status of its lookup (`found`, `unknown`, `unavailable`, `error`)."""
+    statuses: dict[str, str] = {}
+    async with aiohttp.ClientSession() as http:
+        for start in range(0, len(users), 1_000):
+            chunk = users[start : start + 1_000]
+            async with http.post(f"{url}/v1/lookup", json={"users": chunk}) as response:
+                assert response.status == 200, await response.text()
+                body = await response.json()
+            statuses.update({r["user"]: r["status"] for r in body["results"]})
+    return statuses
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+async def test_a_corrupt_local_copy_is_restored_from_the_changelog(
+    kafka: str,
+    request: pytest.FixtureRequest,
+    faust_worker: WorkerFactory,
+    damage: str,
+) -> None:
+    dep = deployment(
+        kafka,
+        request.node.name,
+        settings={"ORACULAR_BATCH_MAX": "50", "ORACULAR_API_PORT": "0"},
+    )
+    await corrupt_copy(dep, faust_worker, damage, the_stream(dep))
 
 
 async def test_a_second_worker_on_the_same_datadir_is_refused(
@@ -325,3 +367,18 @@ async def test_a_changelog_with_fewer_partitions_than_the_input_is_refused_at_st
         f"the changelog topic {dep.changelog} has {PARTITIONS - 1} partitions, but the input "
         f"has {PARTITIONS}",
     )
+
+
+async def test_a_worker_started_without_a_broker_says_how_to_start_one(
+    request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """Nothing listens where the broker should be: one line saying so and how to start one,
+    exit 69, within the broker check's bound; nothing written to the datadir."""
+    nowhere = f"127.0.0.1:{free_port()}"
+    dep = deployment(nowhere, request.node.name)
+    worker = worker_for(faust_worker, dep)
+    worker.env["ORACULAR_BROKER"] = nowhere
+    LoggedProcess.start(worker)
+    assert await worker.wait_exit_async(FAULT_TIMEOUT_S) == EXIT_UNAVAILABLE
+    log = worker.log_text(current_run_only=True)
+    assert "make broker-up" in log and "Traceback" not in log, log

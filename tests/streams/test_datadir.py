@@ -68,3 +68,41 @@ def test_the_worker_refuses_another_apps_datadir(
     lines = capsys.readouterr().err.splitlines()
     [line] = lines
     assert line.startswith("oracular worker: the datadir") and "'app-b'" in line
+
+
+def test_a_datadir_another_process_holds_is_refused_in_one_line(tmp_path):
+    """Two workers on one datadir: the second is refused, saying how to give each its own;
+    `in_use` sees it (`oracular reset` refuses then); the lock goes with the process."""
+    import subprocess
+    import sys
+
+    from streams.runtime.datadir import LOCK, DatadirInUse, in_use, prepare
+
+    datadir = tmp_path / "data"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from streams.runtime.datadir import prepare; "
+            f"prepare(Path({str(datadir)!r}), 'a', 'a.events'); print('held', flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert in_use(datadir)
+        with pytest.raises(DatadirInUse, match=rf"in use by another worker \(it holds {LOCK}\)"):
+            prepare(datadir, "a", "a.events")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert not in_use(datadir)  # the holder is gone, and with it its lock
+    prepare(datadir, "a", "a.events")  # now this process holds it
+    assert not in_use(datadir)  # its own lock is not "another worker"
+    prepare(datadir, "a", "a.events")  # and taking it again is a no-op
