@@ -321,7 +321,7 @@ class Processor:
         the machine (the table's storage errors) that a message must never be dead-lettered
         for: they are raised (the worker stops, streams/runtime/failstop.py)."""
         self.config = config
-        self.faults = (MemoryError, *faults)
+        self.faults: tuple[type[BaseException], ...] = (MemoryError, *faults)
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
         self.time = time or TimePolicy()
         self.output_format: Format | None = output_format

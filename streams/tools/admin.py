@@ -7,7 +7,7 @@ import contextlib
 import difflib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -235,6 +235,28 @@ async def require_broker(
         raise BrokerError(missing_topics_message(missing, bootstrap, existing))
 
 
+@contextlib.asynccontextmanager
+async def _describing(
+    bootstrap: str, timeout_s: float, client: Mapping[str, Any] | None, what: str
+) -> AsyncIterator[Any]:
+    """An admin client for the block; a failure in it is a BrokerError asking for the broker."""
+    admin = _admin(bootstrap, timeout_s, client)
+    try:
+        with quiet_aiokafka():
+            await admin.start()
+        yield admin
+    except Exception as exc:
+        msg = f"Could not describe {what} on {bootstrap}: {exc!r}. Is the broker up?"
+        raise BrokerError(msg) from exc
+    finally:
+        await admin.close()
+
+
+def _counts(described: Any) -> dict[str, int]:
+    """Topic -> partitions, of the topics a describe found."""
+    return {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
+
+
 async def check_topics_async(
     bootstrap: str,
     specs: Iterable[TopicLike],
@@ -248,17 +270,8 @@ async def check_topics_async(
         BrokerError: naming each missing or mis-partitioned topic and how to fix it.
     """
     specs = list(specs)
-    admin = _admin(bootstrap, timeout_s, client)
-    try:
-        with quiet_aiokafka():
-            await admin.start()
-        described = await admin.describe_topics([s.name for s in specs])
-    except Exception as exc:
-        msg = f"Could not describe topics on {bootstrap}: {exc!r}. Is the broker up?"
-        raise BrokerError(msg) from exc
-    finally:
-        await admin.close()
-    counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
+    async with _describing(bootstrap, timeout_s, client, "topics") as admin:
+        counts = _counts(await admin.describe_topics([s.name for s in specs]))
     problems = [
         f"{s.name} is missing"
         if s.name not in counts
@@ -332,18 +345,9 @@ async def check_changelog_async(settings: Any, timeout_s: float = 10.0) -> None:
     """
     name = changelog_topic(settings.app_id)
     wanted = settings.topics.events.partitions
-    admin = _admin(settings.broker, timeout_s, settings.client_kwargs())
-    try:
-        with quiet_aiokafka():
-            await admin.start()
-        described = await admin.describe_topics([name])
+    async with _describing(settings.broker, timeout_s, settings.client_kwargs(), name) as admin:
+        found = _counts(await admin.describe_topics([name]))
         offsets = await _group_offsets(admin, settings.app_id, COORDINATOR_WAIT_S)
-    except Exception as exc:
-        msg = f"Could not describe {name} on {settings.broker}: {exc!r}. Is the broker up?"
-        raise BrokerError(msg) from exc
-    finally:
-        await admin.close()
-    found = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
     if name in found and found[name] != wanted:
         msg = (
             f"the changelog topic {name} has {found[name]} partitions, but the input has "
