@@ -24,7 +24,7 @@ CLUSTER = $(PY) -m infra.cluster --dir $(CLUSTER_DIR)
 PYTEST_ARGS ?=
 
 .PHONY: help setup kafka broker-up broker-down cluster-up cluster-down topics test test-fast lint typecheck check run \
-	bench compiled clean distclean chaos
+	bench compiled clean distclean chaos soak
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -79,6 +79,13 @@ chaos: setup kafka ## the full chaos runs: workers killed/frozen, broker restart
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full \
 		-s -p no:cacheprovider \
 		--basetemp=var/chaos/$$(date -u +%Y%m%dT%H%M%SZ) $(PYTEST_ARGS)
+
+# One worker for an hour at half its drain rate on the realistic stream, lookups at 50/s, on a
+# broker of its own (bench/soak.py): slopes of memory, open files, datadir, lag and lookup p99,
+# and every output compared with the replay. SOAK_ARGS="--minutes 20" for a shorter one.
+SOAK_ARGS ?=
+soak: setup kafka ## one worker for 60 min at half its drain rate: what grows, outputs = replay
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 lint: setup ## ruff check and format check
 	$(VENV)/bin/ruff check .
