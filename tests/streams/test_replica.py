@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from subprocess import PIPE
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -718,3 +719,54 @@ async def test_the_api_process_runs_on_its_reserved_cpus_and_so_does_a_restarted
     async with serving(config, tmp_path / "unset") as (_, unpinned, _, _):
         assert unpinned.process is not None
         assert thread_cpus(unpinned.process.pid) == os.sched_getaffinity(0)
+
+
+# --- a corrupt database is never copied short -------------------------------------------------
+
+
+def _corrupt_db(path: Path) -> Any:
+    """A RocksDB database with a flipped block in its one .sst, opened (it opens fine)."""
+    options = rocksdict.Options(raw_mode=True)
+    db = rocksdict.Rdict(str(path), options=options)
+    for n in range(20_000):
+        db[b"user%05d" % n] = bytes(range(200))
+    db.flush()
+    db.compact_range(None, None)
+    db.close()
+    (sst,) = path.glob("*.sst")
+    with sst.open("r+b") as f:
+        f.seek(sst.stat().st_size // 3)
+        f.write(b"\xff" * 200)
+    return rocksdict.Rdict(str(path), options=options)
+
+
+async def test_a_full_copy_of_a_corrupt_database_stops_the_worker(
+    config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream's iteration ended at the bad block as if the data ended there, and the API
+    answered the users past it as unknown; the copy raises, and the feed stops the worker."""
+    from streams.faust.patches import StoreError
+    from streams.lookup import replica as replica_module
+
+    db = _corrupt_db(tmp_path / "db")
+    try:
+        with pytest.raises(StoreError):
+            list(chunks(db, 1000))
+        stopped: list[tuple[str, BaseException]] = []
+
+        def stop(where: str, exc: BaseException) -> None:
+            stopped.append((where, exc))
+            raise SystemExit(75)
+
+        monkeypatch.setattr(replica_module.FAIL_STOP, "stop", stop)
+        sent: list[Any] = []
+        node = SimpleNamespace(databases=lambda: {3: db})
+        feed = Feed(args(config), None, node, Metrics())  # type: ignore[arg-type]
+        with pytest.raises(SystemExit):
+            await feed._copy_new_partitions(SimpleNamespace(send=sent.append))  # type: ignore[arg-type]
+        ((where, exc),) = stopped
+        assert where == "the lookup API's feed" and isinstance(exc, StoreError)
+        assert exc.partition == 3 and exc.corrupt
+        assert [m[0] for m in sent if m[0] in (SYNCED, DROP)] == []  # never "synced" short
+    finally:
+        db.close()
