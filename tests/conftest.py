@@ -47,3 +47,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "chaos_full: `make chaos` only (the full chaos runs); runs only with CHAOS_FULL=1",
     )
+
+
+class FailStopped(BaseException):  # noqa: N818 - what happened, as the worker's exit says it
+    """A fail-stop inside the test process (streams/runtime/failstop.py): the worker's would
+    end the process, which would end the whole test run without a report."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fail_stop_raises_in_tests() -> object:
+    """In the test process, `FAIL_STOP` raises FailStopped instead of exiting: a test that
+    reaches it fails (or asserts it) instead of killing pytest. Workers that tests start as
+    subprocesses exit as in production."""
+    from streams.runtime.failstop import FAIL_STOP  # noqa: PLC0415 - only when tests run
+
+    def exit_process(code: int) -> None:
+        raise FailStopped(code)
+
+    FAIL_STOP._exit = exit_process
+    return FAIL_STOP

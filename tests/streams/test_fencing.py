@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from faust.types import TP
 
 from engine import EngineConfig, create_state
 from schemas.stored import StoredUser, encode_stored, stored_version
@@ -17,7 +18,7 @@ CONFIG = EngineConfig.from_dict({"intents": {"upgrade": {"signals": {"pricing.vi
 
 @dataclass(frozen=True)
 class Message:
-    tp: tuple[str, int]
+    tp: TP
     partition: int
     offset: int
     key: bytes
@@ -62,7 +63,7 @@ def value(last_offset: int, episodes: int) -> bytes:
 
 
 def events(*values: bytes | None) -> list[Event]:
-    return [Event(Message(("cl", 0), 0, n, b"u", v)) for n, v in enumerate(values)]
+    return [Event(Message(TP("cl", 0), 0, n, b"u", v)) for n, v in enumerate(values)]
 
 
 def test_versions_order_inputs_then_timer_closes():
