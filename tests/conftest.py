@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-class FailStopped(BaseException):  # noqa: N818 - what happened, as the worker's exit says it
+class FailStopped(BaseException):
     """A fail-stop inside the test process (streams/runtime/failstop.py): the worker's would
     end the process, which would end the whole test run without a report."""
 
@@ -59,7 +59,7 @@ def _fail_stop_raises_in_tests() -> object:
     """In the test process, `FAIL_STOP` raises FailStopped instead of exiting: a test that
     reaches it fails (or asserts it) instead of killing pytest. Workers that tests start as
     subprocesses exit as in production."""
-    from streams.runtime.failstop import FAIL_STOP  # noqa: PLC0415 - only when tests run
+    from streams.runtime.failstop import FAIL_STOP
 
     def exit_process(code: int) -> None:
         raise FailStopped(code)

@@ -45,6 +45,7 @@ from streams.runtime.memory import GcPolicy
 from streams.runtime.positions import Positions
 from streams.runtime.processor import DLQ, EPISODES, PREDICTIONS, InMessage, Processor, TimePolicy
 from streams.runtime.quiet_logs import quiet_aiokafka_logs
+from streams.runtime.restored import check_restored
 from streams.runtime.shutdown import StopDeadline
 from streams.runtime.state_table import FaustTable, Written, fence_stale_changelog_records
 from streams.settings import ROCKSDB_OPTIONS, Settings
@@ -233,6 +234,7 @@ def create_runtime(
     @table.on_recover
     @guarded("the deadline index's rebuild")
     async def rebuild_deadlines() -> None:
+        await runtime.check_restored()  # before any input applies on what was restored
         runtime.rebuild(table)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust's signal typing
@@ -459,6 +461,16 @@ class Runtime:
                 "after a stall, the local copies of partitions %s will be restored in full",
                 partitions,
             )
+
+    async def check_restored(self) -> None:
+        """Stop (StateNotRestored) when an owned input partition's changelog partition, which
+        holds state, was not assigned here (streams/runtime/restored.py)."""
+        app, changelog = self.app, self.table.changelog_topic
+        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == self.events_topic]
+        active = [tp.partition for tp in app.assignor.assigned_actives() if tp.topic == changelog]
+        await check_restored(
+            owned, active, lambda ps: self.gaps.end_offsets(changelog, ps), changelog
+        )
 
     def rebuild(self, table: Any) -> None:
         """After recovery: the processor's clocks and deadline index from the table, and the

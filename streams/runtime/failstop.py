@@ -33,6 +33,7 @@ from typing import Any, Final, NamedTuple, NoReturn, TextIO
 from aiokafka.errors import KafkaError
 
 from streams.faust.patches import StoreError
+from streams.runtime.restored import StateNotRestored
 from streams.settings.exits import EXIT_RESTART, EXIT_SOFTWARE, EXIT_STORAGE, EXIT_UNAVAILABLE
 
 log = logging.getLogger("oracular.worker")
@@ -57,6 +58,11 @@ CORRUPT: Final = Fault(
     EXIT_RESTART,
     "restart the worker: it restores the partition from the changelog",
 )
+UNRESTORED: Final = Fault(
+    "state not restored",
+    EXIT_RESTART,
+    "restart the worker (a supervisor does): the next assignment restores the partitions",
+)
 BROKER: Final = Fault(
     "broker",
     EXIT_UNAVAILABLE,
@@ -69,13 +75,15 @@ BUG: Final = Fault(
     "restart the worker (nothing unacknowledged is lost) and report this line with the log "
     "above it",
 )
-FAULTS: Final = (STORAGE, CORRUPT, BROKER, BUG)
+FAULTS: Final = (STORAGE, CORRUPT, UNRESTORED, BROKER, BUG)
 
 
 def fault_of(exc: BaseException) -> Fault:
     """The kind of fault `exc` is."""
     if isinstance(exc, StoreError):
         return CORRUPT if exc.corrupt else STORAGE
+    if isinstance(exc, StateNotRestored):
+        return UNRESTORED
     if isinstance(exc, KafkaError):
         return BROKER
     if isinstance(exc, OSError) and exc.errno is not None:

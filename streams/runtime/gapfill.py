@@ -75,6 +75,17 @@ class GapFiller:
         first: int = (await consumer.beginning_offsets([tp]))[tp]
         return first
 
+    async def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """The end offsets of `topic`'s `partitions`; {} when the broker has no such topic."""
+        consumer = await self._consumer()
+        consumer._client.add_topic(topic)  # it only asks the broker about topics it is told of
+        await consumer._client.force_metadata_update()
+        if not consumer.partitions_for_topic(topic):
+            return {}
+        tps = [TopicPartition(topic, p) for p in partitions]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: int(offset) for tp, offset in ends.items()}
+
     async def close(self) -> None:
         """Disconnect."""
         if self.consumer is not None:

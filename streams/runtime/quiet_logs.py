@@ -38,7 +38,16 @@ class BrokerUnreachable(logging.Filter):
     has been unreachable, instead of one per attempt. An outage ends when no attempt has
     failed for `every_s`."""
 
-    PREFIXES: Final = ("Unable connect to node", "Unable to update metadata", "Unable to request")
+    PREFIXES: Final = (
+        "Unable connect to node",
+        "Unable to update metadata",
+        "Unable to request",
+        "Failed fetch messages from",
+        "Got error produce response",
+        "Group Coordinator Request failed",
+    )
+    """What aiokafka's client, fetcher, producer and group coordinator say on every retry
+    while a broker is gone (each of them ten times a second)."""
 
     def __init__(self, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -49,7 +58,7 @@ class BrokerUnreachable(logging.Filter):
         self.failures = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not str(record.msg).startswith(self.PREFIXES):
+        if not str(record.msg).startswith(self.PREFIXES):
             return True
         now = self.clock()
         if self.since is None or now - self.last_failure > self.every_s:
@@ -69,11 +78,21 @@ class BrokerUnreachable(logging.Filter):
 
 
 def quiet_aiokafka_logs() -> None:
-    """Install the filters on aiokafka's loggers (once)."""
-    for name, kind in (
-        ("aiokafka.consumer.group_coordinator", _TransientCoordinatorErrors),
-        ("aiokafka", BrokerUnreachable),  # aiokafka/client.py logs as "aiokafka"
-    ):
+    """Install the filters on aiokafka's loggers (once): one BrokerUnreachable for all of
+    them, so an outage is said once whichever of them fails first."""
+    coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+    if not any(isinstance(f, _TransientCoordinatorErrors) for f in coordinator.filters):
+        coordinator.addFilter(_TransientCoordinatorErrors())
+    for name in BROKER_LOGGERS:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, kind) for f in logger.filters):
-            logger.addFilter(kind())
+        if not any(isinstance(f, BrokerUnreachable) for f in logger.filters):
+            logger.addFilter(_BROKER_UNREACHABLE)
+
+
+BROKER_LOGGERS: Final = (
+    "aiokafka",  # aiokafka/client.py logs as "aiokafka"
+    "aiokafka.consumer.fetcher",
+    "aiokafka.producer.sender",
+    "aiokafka.consumer.group_coordinator",
+)
+_BROKER_UNREACHABLE: Final = BrokerUnreachable()

@@ -283,3 +283,29 @@ def test_the_filter_sits_on_the_logger_aiokafkas_client_logs_to():
 
     quiet_aiokafka_logs()
     assert any(isinstance(f, BrokerUnreachable) for f in aiokafka.client.log.filters)
+
+
+async def test_input_partitions_without_their_changelog_partitions_stop_the_worker():
+    """Faust's assignor left the changelog out ("Ignoring missing topic"): nothing was
+    restored. With records in those changelog partitions the worker stops (exit 75) before
+    any input applies; with none (a new deployment) it goes on."""
+    from streams.runtime.failstop import UNRESTORED
+    from streams.runtime.restored import StateNotRestored, check_restored
+
+    asked: list[list[int]] = []
+
+    def ends(found: dict[int, int]) -> Any:
+        async def end_offsets(partitions: list[int]) -> dict[int, int]:
+            asked.append(partitions)
+            return found
+
+        return end_offsets
+
+    await check_restored([0, 1], [0, 1, 2], ends({}), "cl")  # all there: nothing asked
+    assert asked == []
+    with pytest.raises(StateNotRestored, match=r"input partitions \[1\] were assigned without"):
+        await check_restored([0, 1, 3], [0], ends({1: 40, 3: 0}), "cl")
+    assert asked == [[1, 3]]
+    await check_restored([0, 1], [], ends({0: 0, 1: 0}), "cl")  # empty: a new deployment
+    await check_restored([0, 1], [], ends({}), "cl")  # no topic yet
+    assert fault_of(StateNotRestored("x")) is UNRESTORED and UNRESTORED.code == EXIT_RESTART
