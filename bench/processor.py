@@ -40,10 +40,13 @@ class _DictTable(Table):
     def get(self, key: bytes, partition: int) -> bytes | None:
         return self.values.get((partition, key))
 
-    def set(self, key: bytes, value: bytes, partition: int) -> None:
-        self.values[partition, key] = value
+    def set(self, key: bytes, value: bytes | None, partition: int) -> None:
+        if value is None:
+            self.values.pop((partition, key), None)
+        else:
+            self.values[partition, key] = value
 
-    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
+    def set_all(self, writes: list[tuple[bytes, bytes | None, int]]) -> None:
         for key, value, partition in writes:
             self.set(key, value, partition)
 

@@ -34,7 +34,15 @@ multiplies α, β and the cube of their sum; a weight of 1e308 made p NaN). `pri
 no maximum: any positive real is valid (SPEC §2), and the blend stays finite up to 1e308."""
 
 _TOP_KEYS: Final = frozenset(
-    {"$schema", "episodeTimeout", "dedupeWindow", "dedupeMaxIds", "learning", "intents"}
+    {
+        "$schema",
+        "episodeTimeout",
+        "dedupeWindow",
+        "dedupeMaxIds",
+        "stateTtl",
+        "learning",
+        "intents",
+    }
 )
 MAX_DEDUPE_IDS: Final = 100_000
 """The largest `dedupeMaxIds`: 1.6 MB of remembered ids per user is already far more than a
@@ -142,6 +150,11 @@ class EngineConfig:
     retry of one counts once (`engine.dedupe`); 0: no deduplication by id."""
     dedupe_max_ids: int = DEFAULT_MAX_IDS
     """Most ids a user remembers (16 bytes each); past it the oldest are forgotten early."""
+    state_ttl_ms: int | None = None
+    """A user whose newest event is older than this (event time) has expired: its state is
+    deleted, and a later event of the user starts a fresh one. None: users never expire. At
+    least `episodeTimeout` plus the longest `attribution`, so an expiring user has no open
+    episode and no held one (`expires_at`)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Non-fatal remarks found while loading (deprecated lift, outcome listed as a signal)."""
     signal_index: Mapping[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
@@ -221,6 +234,8 @@ class EngineConfig:
             out["dedupeWindow"] = format_duration(self.dedupe_window_ms)
         if self.dedupe_max_ids != DEFAULT_MAX_IDS:
             out["dedupeMaxIds"] = self.dedupe_max_ids
+        if self.state_ttl_ms is not None:
+            out["stateTtl"] = format_duration(self.state_ttl_ms)
         learning: dict[str, Any] = {
             "gain": self.learning.gain,
             "priorEpisodes": self.learning.prior_episodes,
@@ -271,6 +286,7 @@ def _read_config(
     )
     if not float(max_ids).is_integer():
         problems.append(("dedupeMaxIds", f"must be a whole number (got {max_ids!r})"))
+    ttl = _duration(obj, "stateTtl", "", problems)
     learning = _read_learning(obj.get("learning", {}), problems, warnings)
     intents_obj = obj.get("intents")
     intents: dict[str, IntentConfig] = {}
@@ -287,14 +303,43 @@ def _read_config(
             intent = _read_intent(name, intent_obj, problems, warnings)
             if intent is not None:
                 intents[str(name)] = intent
+    if ttl is not None:
+        _check_state_ttl(ttl, timeout, intents, problems)
     return EngineConfig(
         intents=intents,
         episode_timeout_ms=timeout,
         learning=learning,
         dedupe_window_ms=DEFAULT_WINDOW_MS if window is None else window,
         dedupe_max_ids=int(max_ids) if float(max_ids).is_integer() else DEFAULT_MAX_IDS,
+        state_ttl_ms=ttl,
         warnings=tuple(warnings),
     )
+
+
+def _check_state_ttl(
+    ttl: int,
+    timeout: int | None,
+    intents: Mapping[str, IntentConfig],
+    problems: list[tuple[str, str]],
+) -> None:
+    """An expiring user must have nothing left to close or settle: its open episode closed
+    by the timeout, and every held episode's attribution window over."""
+    if timeout is None:
+        problems.append(
+            ("stateTtl", "needs episodeTimeout: an expiring user's open episode closes by it")
+        )
+        return
+    windows = [i.attribution_ms for i in intents.values() if i.attribution_ms is not None]
+    needed = timeout + max(windows, default=0)
+    if ttl <= needed:
+        problems.append(
+            (
+                "stateTtl",
+                f"must be longer than episodeTimeout plus the longest attribution "
+                f"({format_duration(needed)}), so an expiring user has no episode left open "
+                f"or held (got {format_duration(ttl)})",
+            )
+        )
 
 
 def _read_learning(

@@ -40,9 +40,19 @@ def id_part(text: str) -> str:
     return text
 
 
-def prediction_id(user: str, event_id: str | None, seq: int) -> str:
-    """The id of the prediction an input produced (`seq`: the user's applied-input count)."""
-    ref = f"#{seq}" if event_id is None else id_part(event_id)
+def prediction_id(user: str, event_id: str | None, seq: int, at: int | None = None) -> str:
+    """The id of the prediction an input produced (`seq`: the user's applied-input count).
+
+    An input without an id is named by `seq`, and, where a user can start again from nothing
+    (`stateTtl`), by its applied time `at` too: `seq` starts again with the user, while the
+    applied times of a user's later life all come after those of the earlier one.
+    """
+    if event_id is not None:
+        ref = id_part(event_id)
+    elif at is None:
+        ref = f"#{seq}"
+    else:
+        ref = f"#{seq}@{at}"
     return f"{id_part(user)}:{ref}"
 
 
@@ -51,13 +61,17 @@ def episode_id(user: str, started_at: int, number: int) -> str:
     return f"{id_part(user)}:{started_at}/{number}"
 
 
-def prediction_message(user: str, step: Step, seq: int) -> dict[str, Any] | None:
+def prediction_message(
+    user: str, step: Step, seq: int, *, lives: bool = False
+) -> dict[str, Any] | None:
     """The `oracular.predictions` message for one applied event, or None if nothing changed.
 
     Args:
         user: the user id.
         step: the engine's step for the event.
         seq: how many inputs the user has had applied, this one included.
+        lives: a user may start again from nothing (`stateTtl`): an input without an id is
+            named by its applied time too (`prediction_id`).
     """
     if not step.predictions:
         return None
@@ -70,7 +84,7 @@ def prediction_message(user: str, step: Step, seq: int) -> dict[str, Any] | None
             entry["before_outcome"] = {"p": wiped.p, "lower": wiped.lower}
         intents[name] = entry
     return {
-        "id": prediction_id(user, event.id, seq),
+        "id": prediction_id(user, event.id, seq, step.at if lives else None),
         "user": user,
         "at": step.at,
         "type": event.type,

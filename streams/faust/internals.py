@@ -188,14 +188,17 @@ def store_get(table: Any, partition: int, key: bytes) -> bytes | None:
     return value
 
 
-def store_put_all(table: Any, partition: int, items: list[tuple[bytes, bytes]]) -> None:
-    """Write `items` (key, value) to `table`'s local store of `partition` only (no changelog
-    record), in one RocksDB write batch: atomic, and one call into RocksDB instead of one per
-    key (Faust's `Store._set`, which also keeps a key -> partition index that reads with a
-    current event, the worker's only reads, never use)."""
+def store_put_all(table: Any, partition: int, items: list[tuple[bytes, bytes | None]]) -> None:
+    """Write `items` (key, value; None deletes the key) to `table`'s local store of
+    `partition` only (no changelog record), in one RocksDB write batch: atomic, and one call
+    into RocksDB instead of one per key (Faust's `Store._set`, which also keeps a key ->
+    partition index that reads with a current event, the worker's only reads, never use)."""
     batch = rocksdict.WriteBatch(raw_mode=True)  # raw bytes, as Faust opens the databases
     for key, value in items:
-        batch.put(key, value)
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
     with faults_of(partition):
         table.data._db_for_partition(partition).write(batch)
 

@@ -39,7 +39,7 @@ REPAIR_KEYS_PER_TICK: Final = 200
 """Users named per repair tick: a user id is at most 512 characters (2 KiB of UTF-8), so a
 tick stays below half the producer's 1 MB record limit."""
 
-Writes = list[tuple[bytes, bytes, int]]
+Writes = list[tuple[bytes, bytes | None, int]]
 """A batch's state writes: (key, value, partition)."""
 
 

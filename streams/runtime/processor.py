@@ -78,6 +78,7 @@ REPORTED: Final = (
     "gaps",
     "refetched",
     "fenced_batches",
+    "expired",
 )
 """The counters the worker's summary line shows, in order."""
 
@@ -85,8 +86,9 @@ PREDICTIONS: Final = "predictions"
 EPISODES: Final = "episodes"
 DLQ: Final = "dlq"
 
-StateWrite = tuple[bytes, bytes, int]
-"""A user's state to store: (key, encoded state, partition)."""
+StateWrite = tuple[bytes, bytes | None, int]
+"""A user's state to store: (key, encoded state, partition); None deletes the user (its
+changelog record is a tombstone)."""
 
 _CLOSED_EARLY_LOGGED: Final = 20
 """The first this many `closed_early` inputs are logged one by one, then every 1,000th."""
@@ -154,8 +156,8 @@ class Table:
         """The stored value of `key`, read on `partition` (its input's)."""
         raise NotImplementedError
 
-    def set(self, key: bytes, value: bytes, partition: int) -> None:  # pragma: no cover
-        """Store `value`, written to `partition`."""
+    def set(self, key: bytes, value: bytes | None, partition: int) -> None:  # pragma: no cover
+        """Store `value`, written to `partition` (None: delete the key)."""
         raise NotImplementedError
 
 
@@ -168,6 +170,9 @@ class _Slot:
     encoded: bytes | None = None
     """`encode_stored(user)`, once `Processor.stage` made it (a slot's user never changes
     after its batch: a later batch that changes the user makes a slot of its own)."""
+    gone: bool = False
+    """The user expired: its stored state is deleted, and `user` is a new user's, which an
+    input later in the batch starts from (and is then written instead)."""
 
 
 class StateCache:
@@ -295,10 +300,10 @@ class Batch:
         return slot
 
     def writes(self) -> Iterable[StateWrite]:
-        """(key, value, partition) of every user the batch changed."""
+        """(key, value, partition) of every user the batch changed (None: deleted)."""
         for key, slot in self.slots.items():
             if slot.dirty:
-                yield key, encode_stored(slot.user), slot.partition
+                yield key, None if slot.gone else encode_stored(slot.user), slot.partition
 
 
 class Processor:
@@ -350,6 +355,15 @@ class Processor:
         entries per open episode."""
         self.rewrite: dict[int, list[bytes]] = {}
         """Partition -> users to write again on its next batch (see `rebuild`)."""
+        self.expiries: dict[int, OrderedDict[bytes, int]] = {}
+        """With `stateTtl`: partition -> user key -> when the user expires (its newest event
+        time + the TTL), in the order the users were last applied to, which is nearly the
+        order of their times (`expire_due`)."""
+        self.committed_input: Callable[[int], int | None] | None = None
+        """The worker's committed offset of an input partition (None when unknown). A tick
+        deletes an expired user only once its last input is committed: an input read again
+        after a crash must find the state that says it was applied. None: every input
+        handled is durable (the offline runs)."""
         self.cache = StateCache(cache_users)
         """Decoded users between batches (see `batch`, `hold` and `written`)."""
         self.timer_closes_per_batch = timer_closes_per_batch
@@ -403,7 +417,7 @@ class Processor:
                 cache.put(key, slot.user)
         if changed and encode():
             for slot in changed:
-                if slot.encoded is None:
+                if slot.encoded is None and not slot.gone:
                     slot.encoded = encode_stored(slot.user)
 
     def commit(self, store: Callable[[list[StateWrite]], None]) -> list[StateWrite]:
@@ -411,17 +425,24 @@ class Processor:
         cache them as written; returns the writes (for their changelog records)."""
         cache = self.cache
         unwritten = cache.unwritten
-        writes = [
+        writes: list[StateWrite] = [
             (
                 key,
-                encode_stored(slot.user) if slot.encoded is None else slot.encoded,
+                None
+                if slot.gone
+                else encode_stored(slot.user)
+                if slot.encoded is None
+                else slot.encoded,
                 slot.partition,
             )
             for key, slot in unwritten.items()
         ]
         store(writes)
         for key, slot in list(unwritten.items()):
-            cache.put(key, slot.user)
+            if slot.gone:
+                cache.users.pop(key, None)
+            else:
+                cache.put(key, slot.user)
             del unwritten[key]  # after `put`: a lookup finds the user in one or the other
         return writes
 
@@ -517,7 +538,8 @@ class Processor:
     def _write_again(self, batch: Batch, message: InMessage, keys: list[bytes]) -> None:
         """Write users again unchanged (one changelog record each), on `message`'s partition.
         Users without a state here are left alone: this worker writes them when it applies
-        their input."""
+        their input (an expired user a stale record brings back expires again at the next
+        tick)."""
         for key in keys:
             try:
                 slot = batch.stored_slot(key, message)
@@ -591,6 +613,9 @@ class Processor:
         key, slot = found
         if self._skipped(batch, message, event, slot, wall_ms):
             return
+        ttl = self.config.state_ttl_ms
+        if ttl is not None and slot.user.clock is not None and event.at - slot.user.clock > ttl:
+            self._expire(batch, message, key, slot, event.at)  # the user starts again
         digest = None
         if event.id is not None and self.config.dedupe_window_ms > 0:
             digest = id_digest(event.id)
@@ -664,7 +689,9 @@ class Processor:
         if closed is not None:
             episode = self._output(EPISODES, key, episode_message(event.user, closed, episodes))
         prediction = None
-        predicted = prediction_message(event.user, step, inputs)
+        predicted = prediction_message(
+            event.user, step, inputs, lives=self.config.state_ttl_ms is not None
+        )
         if predicted is not None:
             prediction = self._output(PREDICTIONS, key, predicted)
         # Nothing below can fail: commit the input to the batch.
@@ -691,6 +718,7 @@ class Processor:
         )
         slot.partition = partition
         slot.dirty = True
+        slot.gone = False
         counts = self.counts
         counts["applied"] += 1  # `_count_applied`, inline: this runs once per applied input
         self.by_partition["applied", partition] += 1
@@ -811,6 +839,7 @@ class Processor:
         watermark = self.watermark(message.partition, caught_up, now)
         if watermark is not None:
             self.close_due(batch, message, watermark)
+            self.expire_due(batch, message, watermark)
 
     def close_due(self, batch: Batch, message: InMessage, watermark: int) -> int:
         """Close the episodes of `message`'s partition due before `watermark`; how many."""
@@ -872,6 +901,91 @@ class Processor:
             batch.timer_closes_left -= closed
         return closed
 
+    def expire_due(self, batch: Batch, message: InMessage, watermark: int) -> int:
+        """Delete the users of `message`'s partition that expired before `watermark`
+        (`stateTtl`: newest event time + TTL < watermark, the rule `apply` applies when such
+        a user's next input comes first); how many.
+
+        A user whose episode is still open waits for `close_due` to close it (the per-batch
+        limit can leave it open), and one whose last input is not committed yet waits for
+        the commit (`committed_input`). Deleting publishes nothing: the episode's close
+        came at its deadline, long before.
+        """
+        ttl = self.config.state_ttl_ms
+        partition = message.partition
+        queue = self.expiries.get(partition)
+        if ttl is None or not queue:
+            return 0
+        due = self._due_expiries(queue, watermark, batch.timer_closes_left, message)
+        committed = None if self.committed_input is None else self.committed_input(partition)
+        if self.committed_input is not None and committed is None:
+            return 0  # nothing committed here yet: any input may be read again
+        still_open = self.open.get(partition, {})
+        expired = 0
+        for key in due:
+            if key in still_open:
+                continue
+            try:
+                slot = batch.stored_slot(key, message)
+            except StateFormatError:
+                slot = None  # counted and dead-lettered when an input of the user arrives
+            clock = None if slot is None or slot.gone else slot.user.clock
+            if slot is None or clock is None:
+                del queue[key]
+                continue
+            user = slot.user
+            if clock + ttl >= watermark:  # (the queue is kept current: not expected)
+                queue[key] = clock + ttl
+                queue.move_to_end(key)
+                continue
+            if committed is not None and user.last_offset >= committed:
+                continue  # its last input may be read again: the next tick deletes it
+            self._expire(batch, message, key, slot, watermark)
+            expired += 1
+        if batch.timer_closes_left is not None:
+            batch.timer_closes_left -= expired
+        return expired
+
+    def _due_expiries(
+        self, queue: Mapping[bytes, int], watermark: int, limit: int | None, message: InMessage
+    ) -> list[bytes]:
+        """The users at the head of `queue` expired before `watermark`, at most `limit`."""
+        due: list[bytes] = []
+        for key, expires in queue.items():
+            if expires >= watermark:
+                break
+            if limit is not None and len(due) >= limit:
+                self.more_due.add(message.partition)  # the rest on the next tick (`close_due`)
+                if message.topic == self.ticks_topic:
+                    self.ticks_left_due.add((message.partition, message.offset))
+                break
+            due.append(key)
+        return due
+
+    def _expire(self, batch: Batch, message: InMessage, key: bytes, slot: _Slot, at: int) -> None:
+        """The user of `slot` expired by `at`: its open episode closes as the timer closes it
+        (at its deadline), its stored state is deleted, and `slot` holds a new user."""
+        user = slot.user
+        transition = close_if_due(user.state, at)
+        if transition.closed is not None:
+            number = user.episodes + 1
+            batch.outputs.append(
+                self._output(
+                    EPISODES, key, episode_message(key.decode(), transition.closed, number)
+                )
+            )
+            self.counts[EPISODES] += 1
+            self.closed_by_reason[transition.closed.reason] += 1
+        partition = message.partition
+        slot.user = StoredUser(create_state(self.config), partition, -1)
+        slot.partition = partition
+        slot.dirty = slot.gone = True
+        self.counts["expired"] += 1
+        self.open.get(partition, {}).pop(key, None)
+        queue = self.expiries.get(partition)
+        if queue is not None:
+            queue.pop(key, None)
+
     def dead_letter(self, batch: Batch, message: InMessage, error: str) -> None:
         """Publish the message to the dead-letter topic with the reason and its origin."""
         self.count_input("dead_lettered", message.partition)
@@ -908,7 +1022,8 @@ class Processor:
         """
         self.open, self.deadlines, self.rewrite = {}, {}, {}
         self.cache.clear()
-        timeout = self.config.episode_timeout_ms
+        timeout, ttl = self.config.episode_timeout_ms, self.config.state_ttl_ms
+        expiries: dict[int, list[tuple[int, bytes]]] = {}
         for key, raw in items:
             try:
                 index = stored_index(raw)
@@ -930,8 +1045,11 @@ class Processor:
                 deadline = index.open_since + timeout
                 self.open.setdefault(index.partition, {})[key] = deadline
                 self.deadlines.setdefault(index.partition, []).append((deadline, key))
+            if ttl is not None and index.clock is not None:
+                expiries.setdefault(index.partition, []).append((index.clock + ttl, key))
         for heap in self.deadlines.values():
             heapq.heapify(heap)
+        self.expiries = {p: OrderedDict((k, t) for t, k in sorted(e)) for p, e in expiries.items()}
 
     def open_episodes(self) -> int:
         """Users with an open episode in the deadline index."""
@@ -954,6 +1072,7 @@ class Processor:
             self.open.pop(partition, None)
             self.deadlines.pop(partition, None)
             self.rewrite.pop(partition, None)
+            self.expiries.pop(partition, None)
             self._gap_logged.pop(partition, None)
         self.cache.drop(partitions)
 
@@ -964,6 +1083,13 @@ class Processor:
         return clock
 
     def _index(self, partition: int, key: bytes, user: StoredUser) -> None:
+        ttl = self.config.state_ttl_ms
+        if ttl is not None and user.clock is not None:
+            queue = self.expiries.get(partition)
+            if queue is None:
+                queue = self.expiries[partition] = OrderedDict()
+            queue[key] = user.clock + ttl
+            queue.move_to_end(key)
         live = self.open.get(partition)
         if live is None:
             live = self.open[partition] = {}

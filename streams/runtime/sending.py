@@ -17,8 +17,8 @@ from typing import Any
 
 from streams.faust import patches as faust_patches
 
-Record = tuple[str, int | None, bytes | None, bytes]
-"""(topic, partition or None for the key's partition, key, value)."""
+Record = tuple[str, int | None, bytes | None, bytes | None]
+"""(topic, partition or None for the key's partition, key, value; None: a tombstone)."""
 
 
 Sent = list[tuple[str, int, int, Any]]
@@ -41,7 +41,7 @@ async def hand_over(
     `before_sending()` is awaited before each record batch is handed to the producer (a
     hand-off may yield to the event loop; the fence checks membership there after a stall).
     """
-    grouped: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+    grouped: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
     choosers: dict[str, Callable[[bytes | None], int]] = {}
     for topic, given, key, value in records:
         partition = given

@@ -53,15 +53,15 @@ class FaustTable(Table):
         """Read on `partition`."""
         return faust_patches.store_get(self.table, partition, key)
 
-    def set(self, key: bytes, value: bytes, partition: int) -> None:
-        """Write the local store on `partition` (no changelog record: the worker sends a
-        batch's records together with `send_changelog`)."""
+    def set(self, key: bytes, value: bytes | None, partition: int) -> None:
+        """Write the local store on `partition`, None deleting the key (no changelog record:
+        the worker sends a batch's records together with `send_changelog`)."""
         self.set_all([(key, value, partition)])
 
-    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
-        """`set` each of `writes` (key, value, partition), one RocksDB write batch per
-        partition."""
-        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    def set_all(self, writes: list[tuple[bytes, bytes | None, int]]) -> None:
+        """`set` each of `writes` (key, value, partition; None deletes the key), one RocksDB
+        write batch per partition."""
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for key, value, partition in writes:
             by_partition.setdefault(partition, []).append((key, value))
         for partition, items in by_partition.items():
@@ -77,7 +77,7 @@ class FaustTable(Table):
     async def send_changelog(
         self,
         producer: Any,
-        writes: list[tuple[bytes, bytes, int]],
+        writes: list[tuple[bytes, bytes | None, int]],
         before_sending: Callable[[], Awaitable[None]] = no_check,
     ) -> Sent:
         """Hand the changelog records of values just stored to the producer; returns them for

@@ -47,9 +47,12 @@ class DictTable(Table):
         """The stored value of `key`."""
         return self.values.get(key)
 
-    def set(self, key: bytes, value: bytes, partition: int) -> None:
-        """Store `value`."""
-        self.values[key] = value
+    def set(self, key: bytes, value: bytes | None, partition: int) -> None:
+        """Store `value` (None: delete the key)."""
+        if value is None:
+            self.values.pop(key, None)
+        else:
+            self.values[key] = value
 
 
 class HeldUsers(StateCache):
@@ -134,9 +137,11 @@ class OfflineRun:
         return self._after_one()
 
     def finish(self, until: int = END_OF_TIME) -> list[Output]:
-        """Close the episodes due by the final watermark `until`; the last outputs."""
+        """Close the episodes due by the final watermark `until`, and delete the users
+        expired by then (`stateTtl`); the last outputs."""
         tick = InMessage(TICKS, 0, 0, None, None, None)
         self.processor.close_due(self._batch, tick, until)
+        self.processor.expire_due(self._batch, tick, until)
         outputs = self._batch.outputs
         self._store()
         return outputs
@@ -185,7 +190,9 @@ class OfflineRun:
         """Hold the batch's changed users and start a new batch."""
         users = self.users
         for key, slot in self._batch.slots.items():
-            if slot.dirty:
+            if slot.gone:
+                users.pop(key, None)
+            elif slot.dirty:
                 users[key] = slot.user
         self._batch = self._new_batch()
         self._pending = 0

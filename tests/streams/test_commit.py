@@ -68,10 +68,13 @@ class GatedTable(Table):
     def get(self, key: bytes, context: Any) -> bytes | None:
         return self.values.get(key)
 
-    def set(self, key: bytes, value: bytes, context: Any) -> None:
-        self.values[key] = value
+    def set(self, key: bytes, value: bytes | None, context: Any) -> None:
+        if value is None:
+            self.values.pop(key, None)
+        else:
+            self.values[key] = value
 
-    def set_all(self, writes: list[tuple[bytes, bytes, int]]) -> None:
+    def set_all(self, writes: list[tuple[bytes, bytes | None, int]]) -> None:
         for key, value, context in writes:
             self.set(key, value, context)
 

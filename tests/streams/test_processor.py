@@ -34,7 +34,10 @@ class DictTable(Table):
 
     def set(self, key, value, context):
         self.writes += 1
-        self.partitions.setdefault(context, {})[key] = value
+        if value is None:
+            self.partitions.get(context, {}).pop(key, None)
+        else:
+            self.partitions.setdefault(context, {})[key] = value
 
 
 @pytest.fixture

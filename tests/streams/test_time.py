@@ -69,6 +69,7 @@ class Live:
         batch = Batch(self.table, self.processor.config)
         tick = InMessage(TICKS, 0, 0, None, None, None)
         self.processor.close_due(batch, tick, END_OF_TIME)
+        self.processor.expire_due(batch, tick, END_OF_TIME)
         for key, value, context in batch.writes():
             self.table.set(key, value, context)
         self.outputs += [decode_output(o.value) for o in batch.outputs]
