@@ -290,6 +290,10 @@ class Runtime:
         self.events_topic = topics.events.name
         self.ticks_topic = topics.ticks.name
         self.positions = Positions(app, processor, self.events_topic, backfill)
+        events = self.events_topic
+        processor.committed_input = lambda p: faust_patches.committed_offset(
+            app.consumer, TP(events, p)
+        )  # an expired user is deleted only once its last input is committed
         self.fence = fence
         self.faults = KillSwitch.from_env()
         self.memory = GcPolicy(log)
