@@ -234,6 +234,7 @@ def run_replay(args: argparse.Namespace) -> int:
             "dead_lettered",
             "predictions",
             "episodes",
+            *(("expired",) if config_run.config.state_ttl_ms is not None else ()),
         )
         summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
         elapsed = time.monotonic() - started

@@ -233,3 +233,35 @@ def test_feed_lines_gives_what_feed_line_gives_across_batches(monkeypatch):
     ]
     assert len(by_line) > 10 and any(o.role == "dlq" for o in by_line)
     assert chunks.stored() == one.stored() and chunks.counts == one.counts
+
+
+def test_with_a_state_ttl_the_summary_counts_expired_users_and_states_keep_the_active(
+    tmp_path, capsys
+):
+    """`stateTtl`: users quiet for longer than it by `--until` are not in `--states`, and the
+    summary says how many expired."""
+    config = tmp_path / "ttl.yaml"
+    config.write_text(
+        CONFIG.read_text().replace("episodeTimeout: 30m", "episodeTimeout: 30m\nstateTtl: 15d")
+    )
+    late = {"id": "e9", "user": "u3", "name": "pricing.viewed", "ts": TS + 20 * 24 * 60 * MIN}
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(json.dumps(e) for e in [*EVENTS, late]) + "\n")
+    states = tmp_path / "states.jsonl"
+    code = main(
+        [
+            "replay",
+            str(events),
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out.jsonl"),
+            "--until",
+            str(late["ts"] + MIN),
+            "--states",
+            str(states),
+        ]
+    )
+    assert code == 0
+    assert [json.loads(line)["user"] for line in states.read_text().splitlines()] == ["u3"]
+    assert "expired 2, users 1 " in capsys.readouterr().err
