@@ -7,6 +7,7 @@ must publish the same predictions and closed episodes and store the same states.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -130,11 +131,26 @@ class Replayer:
         self.states: dict[str, EngineState] = {}
 
     def feed(self, event: Event) -> Step:
-        """Apply `event` to its user's state and keep the result."""
+        """Apply `event` to its user's state and keep the result.
+
+        With `stateTtl`, a user whose last event is more than the TTL before `event` has
+        expired (docs/lifecycle.md): the event starts a new state, and the step reports the
+        old state's episode closed, as applying the event to the old state would have.
+        """
         state = self.states.get(event.user)
         if state is None:
-            state = create_state(self.config)
+            return self._start(event)
+        ttl = self.config.state_ttl_ms
+        if ttl is not None and state.clock is not None and event.at - state.clock > ttl:
+            step = self._start(event)
+            closed = close_if_due(state, event.at).closed
+            return step if closed is None else dataclasses.replace(step, closed=closed)
         step = apply_event(state, event)
+        self.states[event.user] = step.state
+        return step
+
+    def _start(self, event: Event) -> Step:
+        step = apply_event(create_state(self.config), event)
         self.states[event.user] = step.state
         return step
 

@@ -54,7 +54,8 @@ def stored_users(datadir: Path) -> set[str]:
     for db_path in datadir.rglob(f"{STATE_TABLE}-*.db"):
         db = Rdict(str(db_path), Options(raw_mode=True))
         try:
-            users |= {key.decode() for key in db.keys() if not key.startswith(b"__")}
+            keys = db.keys()
+            users |= {key.decode() for key in keys if not key.startswith(b"__")}
         finally:
             db.close()
     return users

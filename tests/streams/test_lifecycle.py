@@ -138,7 +138,12 @@ def test_inputs_without_ids_are_named_apart_in_each_life():
     predictions = sorted(k for k, v in by_id.items() if "closed_at" not in v)
     assert len(predictions) == 4  # two lives, each from #1: no id is reused
     assert predictions == sorted(
-        [f"u:#1@{TS}", f"u:#2@{TS + MIN}", f"u:#1@{TS + TTL + HOUR}", f"u:#2@{TS + TTL + HOUR + MIN}"]
+        [
+            f"u:#1@{TS}",
+            f"u:#2@{TS + MIN}",
+            f"u:#1@{TS + TTL + HOUR}",
+            f"u:#2@{TS + TTL + HOUR + MIN}",
+        ]
     )
 
 
@@ -202,3 +207,21 @@ def test_any_schedule_gives_the_replay_with_expiry(order, every_message):
     expected, states = replayed(order, config=CONFIG)
     assert run.by_id() == expected
     assert run.states() == states
+
+
+def test_the_engine_replay_that_evaluate_and_tune_use_starts_an_expired_user_again():
+    """`engine.replay` (what `evaluate` and `tune` apply) gives the worker's predictions and
+    episode closes for a user who comes back after the TTL."""
+    from engine import replay
+
+    first = [Event("u", TS + n * MIN, name="pricing.viewed", id=f"u{n}") for n in range(3)]
+    back = [Event("u", TS + TTL + HOUR, name="limit.hit", id="u9")]
+    result = replay(CONFIG, [*first, *back])
+    by_id, _ = replayed([*first, *back], config=CONFIG)
+    worker_p = by_id["u:u9"]["intents"]["upgrade"]["p"]
+    assert result.steps[-1].predictions["upgrade"].p == worker_p
+    fresh = replay(CONFIG, back).steps[-1].predictions["upgrade"].p
+    assert worker_p == fresh
+    closed = result.steps[-1].closed
+    assert closed is not None and closed.started_at == TS  # the first life's episode
+    assert next(e for e in by_id.values() if "closed_at" in e)["closed_at"] == closed.closed_at
