@@ -921,9 +921,10 @@ class Processor:
         if self.committed_input is not None and committed is None:
             return 0  # nothing committed here yet: any input may be read again
         still_open = self.open.get(partition, {})
-        expired = 0
+        expired = waiting = 0
         for key in due:
             if key in still_open:
+                waiting += 1
                 continue
             try:
                 slot = batch.stored_slot(key, message)
@@ -939,9 +940,14 @@ class Processor:
                 queue.move_to_end(key)
                 continue
             if committed is not None and user.last_offset >= committed:
+                waiting += 1
                 continue  # its last input may be read again: the next tick deletes it
             self._expire(batch, message, key, slot, watermark)
             expired += 1
+        if waiting and self.time.hold_until_end and message.topic == self.ticks_topic:
+            # A backfill's partition is finished only by a tick that left nothing due (the
+            # next regular tick tries again; live, the next tick does anyway).
+            self.ticks_left_due.add((partition, message.offset))
         if batch.timer_closes_left is not None:
             batch.timer_closes_left -= expired
         return expired

@@ -67,9 +67,16 @@ async def lookup(url: str, user: str) -> dict:
         return await response.json()
 
 
+@pytest.mark.parametrize("arrival", ["live", "backlog"])
 async def test_quiet_users_expire_from_store_changelog_and_replica(
-    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
+    kafka: str,
+    request: pytest.FixtureRequest,
+    faust_worker: WorkerFactory,
+    tmp_path: Path,
+    arrival: str,
 ) -> None:
+    """`live`: the worker runs as the events come; `backlog`: a fresh app id catches up with
+    the whole topic (expiry while inputs are not committed yet)."""
     config_path = ttl_config(tmp_path)
     dep = deployment(kafka, request.node.name, config_path=config_path, settings=NO_WALL_CLOCK)
     events = generate_stream(dep.config, events=3_000, users=200, seed=46)
@@ -92,10 +99,14 @@ async def test_quiet_users_expire_from_store_changelog_and_replica(
 
     await dep.create_topics()
     worker = worker_for(faust_worker, dep, ORACULAR_TICK_INTERVAL_S=FAST_TICK_S)
-    worker.start()
-    await produce_events(kafka, dep.topics.events.name, events)
-    await wait_committed(dep)
-    await produce_events(kafka, dep.topics.events.name, comeback + marks)
+    if arrival == "live":
+        worker.start()
+        await produce_events(kafka, dep.topics.events.name, events)
+        await wait_committed(dep)
+        await produce_events(kafka, dep.topics.events.name, comeback + marks)
+    else:
+        await produce_events(kafka, dep.topics.events.name, stream)
+        worker.start()
     await assert_equals_replay(dep, expected)  # outputs, and the changelog's compacted view
 
     url = api_url(worker)
