@@ -240,7 +240,7 @@ def run_replay(args: argparse.Namespace) -> int:
         elapsed = time.monotonic() - started
         rate = config_run.processor.handled() / max(elapsed, 1e-9)
         print(
-            f"replay: {summary}, users {len(config_run.users):,} "
+            f"replay: {summary}, users {config_run.user_count():,} "
             f"in {elapsed:.1f} s ({rate:,.0f} events/s)",
             file=sys.stderr,
         )

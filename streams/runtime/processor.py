@@ -321,10 +321,14 @@ class Processor:
         cache_users: int = 0,
         timer_closes_per_batch: int | None = None,
         faults: tuple[type[BaseException], ...] = (),
+        index_users: bool = True,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown. `faults`: exceptions of
         the machine (the table's storage errors) that a message must never be dead-lettered
-        for: they are raised (the worker stops, streams/runtime/failstop.py)."""
+        for: they are raised (the worker stops, streams/runtime/failstop.py). `index_users`:
+        keep the deadline and expiry indexes as inputs apply (an offline run, which closes
+        nothing until its end, fills them itself then)."""
+        self.index_users = index_users
         self.config = config
         self.faults: tuple[type[BaseException], ...] = (MemoryError, *faults)
         self.events_topic, self.ticks_topic = events_topic, ticks_topic
@@ -732,7 +736,8 @@ class Processor:
         if prediction is not None:
             counts[PREDICTIONS] += 1
             outputs.append(prediction)
-        self._index(partition, key, slot.user)
+        if self.index_users:
+            self._index(partition, key, slot.user)
 
     def _recent_ids(self, user: StoredUser, at: int, digest: bytes | None) -> RecentIds:
         """The user's remembered ids after an input applied at `at` (with the id `digest`)."""

@@ -15,23 +15,26 @@ from __future__ import annotations
 import base64
 import sys
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from engine import END_OF_TIME, EngineConfig, EngineState, Event, serialize
 from schemas.files import Line
-from schemas.stored import StoredUser, decode_stored, encode_stored
+from schemas.stored import decode_stored, encode_stored, stored_index
 from streams.runtime.processor import (
     Batch,
     InMessage,
     Output,
     Processor,
-    StateCache,
     Table,
     TimePolicy,
 )
+from streams.tools.held import HeldUsers
 
 TICKS: Final = "<end of input>"
+FINISH_CHUNK: Final = 10_000
+"""Users `finish` closes or deletes at a time (each chunk's users then held as a batch's)."""
 BATCH_LINES: Final = 5_000
 """Lines applied per batch (a batch's users are read once and kept in its slots)."""
 
@@ -55,54 +58,60 @@ class DictTable(Table):
             self.values[key] = value
 
 
-class HeldUsers(StateCache):
-    """An offline run's users, all held decoded, in the order they were first stored (the
-    order of `stored`, `states` and the `--states` file): reading one does not reorder them."""
-
-    def __init__(self) -> None:
-        """Hold nobody yet."""
-        super().__init__(sys.maxsize)
-
-    def get(self, key: bytes) -> StoredUser | None:
-        """The held user, or None."""
-        return self.users.get(key)
-
-
 class OfflineRun:
-    """Feeds lines or events to a `Processor` over a `DictTable`; yields the outputs.
+    """Feeds lines or events to a `Processor`; yields the outputs.
 
     The users stay decoded between batches, as the worker's `StateCache` keeps them: a batch's
-    changed users are held as they are, not encoded into the table and decoded again by the
-    next batch. Encoding a user and decoding it again gives the same user (the stored format
-    is lossless), so the outputs are those of a run through the table; `stored` and `states`
-    still go through the stored bytes, so they are what the worker would store and read.
+    changed users are held as they are, not encoded into a table and decoded again by the
+    next batch; beyond `memory_users` of them, the least recently used are written to disk
+    (`streams.tools.held`). Encoding a user and decoding it again gives the same user (the
+    stored format is lossless), so the outputs are those of a run through the table; `stored`
+    and `states` still go through the stored bytes, so they are what the worker would store
+    and read.
+
+    Nothing indexes the users' deadlines while the run goes on (a replay closes nothing by a
+    timer until the end): `finish` reads every held user once, so the run's memory is bounded
+    by `memory_users`, not by the number of users.
     """
 
     def __init__(
-        self, config: EngineConfig, source: str = "<events>", clock_ms: int | None = None
+        self,
+        config: EngineConfig,
+        source: str = "<events>",
+        clock_ms: int | None = None,
+        *,
+        memory_users: int | None = None,
+        spill_dir: str | None = None,
     ) -> None:
         """`source` names the input in dead-letter records (as the topic does live);
-        `clock_ms` is the run's clock (default: now) for the bound on clocks running ahead."""
+        `clock_ms` is the run's clock (default: now) for the bound on clocks running ahead;
+        `memory_users`: most users held decoded (None: every user), the others written under
+        `spill_dir` (the system's temporary directory: None)."""
         self.config = config
         self.source = source
         self.clock_ms = int(time.time() * 1000) if clock_ms is None else clock_ms
-        self.table = DictTable()
-        """Stays empty: every user of the run is held in `users`."""
         self.processor = Processor(
             config,
             events_topic=source,
             ticks_topic=TICKS,
             time=TimePolicy(hold_until_end=True),
             output_format=None,  # each output's message is written as a JSON line
+            index_users=False,  # `finish` reads every user instead
         )
-        self._held = HeldUsers()
+        limit = sys.maxsize if memory_users is None else max(memory_users, 1)
+        self._held = HeldUsers(limit, spill_dir)
+        self.table = self._held.table
         self._batch = self._new_batch()
         self._pending = 0
 
+    def user_count(self) -> int:
+        """Users held (after `finish`: the users the run ends with)."""
+        return self._held.count()
+
     @property
-    def users(self) -> dict[bytes, StoredUser]:
-        """Each user's state as of the last finished batch (all of them after `finish`)."""
-        return self._held.users
+    def written_to_disk(self) -> int:
+        """Users written to disk so far, because more than `memory_users` were held."""
+        return self._held.written
 
     @property
     def counts(self) -> Any:
@@ -137,28 +146,81 @@ class OfflineRun:
         return self._after_one()
 
     def finish(self, until: int = END_OF_TIME) -> list[Output]:
-        """Close the episodes due by the final watermark `until`, and delete the users
-        expired by then (`stateTtl`); the last outputs."""
-        tick = InMessage(TICKS, 0, 0, None, None, None)
-        self.processor.close_due(self._batch, tick, until)
-        self.processor.expire_due(self._batch, tick, until)
+        """Close the episodes due by the final watermark `until`, in the order of their
+        deadlines (then users), as the worker's timer closes them; then delete the users
+        expired by then (`stateTtl`). The last outputs."""
         outputs = self._batch.outputs
         self._store()
+        processor, tick = self.processor, InMessage(TICKS, 0, 0, None, None, None)
+        timeout, ttl = self.config.episode_timeout_ms, self.config.state_ttl_ms
+        if timeout is not None:
+            for chunk in _chunks(self._due(until, timeout), FINISH_CHUNK):
+                processor.open = {0: {key: deadline for deadline, key in chunk}}
+                processor.deadlines = {0: chunk}  # sorted: a heap already
+                processor.close_due(self._batch, tick, until)
+                outputs += self._batch.outputs
+                self._store()
+            processor.open, processor.deadlines = {}, {}
+        if ttl is not None:
+            expired = ((key, at) for key, at in self._expiries(ttl) if at < until)
+            for chunk in _chunks(expired, FINISH_CHUNK):
+                processor.expiries = {0: OrderedDict(chunk)}
+                processor.expire_due(self._batch, tick, until)
+                outputs += self._batch.outputs
+                self._store()
+            processor.expiries = {}
         return outputs
 
     def states(self) -> dict[str, EngineState]:
         """Each user's final state (after `finish`), read back from its stored bytes."""
-        return {
-            key.decode(): decode_stored(raw, self.config).state
-            for key, raw in self._encoded().items()
-        }
+        return {key.decode(): decode_stored(raw, self.config).state for key, raw in self._encoded()}
 
     def stored(self) -> dict[str, bytes]:
         """Each user's final table value, as the worker would store it."""
-        return {key.decode(): raw for key, raw in self._encoded().items()}
+        return {key.decode(): raw for key, raw in self._encoded()}
 
-    def _encoded(self) -> dict[bytes, bytes]:
-        return {key: encode_stored(user) for key, user in self.users.items()}
+    def encoded(self) -> Iterator[tuple[bytes, bytes]]:
+        """Each user's final table value (after `finish`), in the order first stored, one at
+        a time."""
+        return self._encoded()
+
+    def close(self) -> None:
+        """Remove what the run wrote to disk."""
+        self._held.close()
+
+    def _encoded(self) -> Iterator[tuple[bytes, bytes]]:
+        for key, user in self._held.held():
+            yield key, user if isinstance(user, bytes) else encode_stored(user)
+
+    def _due(self, until: int, timeout: int) -> Iterator[tuple[int, bytes]]:
+        """(deadline, user) of every open episode due before `until`, sorted."""
+        due = (
+            (since + timeout, key)
+            for key, since in self._open_since()
+            if since is not None and since + timeout < until
+        )
+        spill = self._held.table.spill
+        if spill is None:
+            yield from sorted(due)
+            return
+        offset = 1 << 63  # deadlines may be negative: sort them as unsigned numbers
+        keyed = ((deadline + offset).to_bytes(8, "big") + key for deadline, key in due)
+        for value in spill.sorted_values((k, k) for k in keyed):
+            yield int.from_bytes(value[:8], "big") - offset, value[8:]
+
+    def _open_since(self) -> Iterator[tuple[bytes, int | None]]:
+        for key, user in self._held.held():
+            if isinstance(user, bytes):
+                yield key, stored_index(user).open_since
+            else:
+                episode = user.state.episode
+                yield key, None if episode.started_at is None else episode.last_event_at
+
+    def _expiries(self, ttl: int) -> Iterator[tuple[bytes, int]]:
+        for key, user in self._held.held():
+            clock = stored_index(user).clock if isinstance(user, bytes) else user.clock
+            if clock is not None:
+                yield key, clock + ttl
 
     def _message(self, index: int, raw: bytes | None, event: Event | None) -> InMessage:
         key = None if event is None else event.user.encode()
@@ -188,12 +250,11 @@ class OfflineRun:
 
     def _store(self) -> None:
         """Hold the batch's changed users and start a new batch."""
-        users = self.users
-        for key, slot in self._batch.slots.items():
-            if slot.gone:
-                users.pop(key, None)
-            elif slot.dirty:
-                users[key] = slot.user
+        self._held.keep(
+            (key, None if slot.gone else slot.user)
+            for key, slot in self._batch.slots.items()
+            if slot.dirty
+        )
         self._batch = self._new_batch()
         self._pending = 0
 
@@ -212,6 +273,17 @@ def replay_outputs(
         outputs.extend(run.feed_event(index, event))
     outputs.extend(run.finish(until))
     return outputs, run
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def encoded_state(state: EngineState) -> str:
