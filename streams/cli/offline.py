@@ -39,6 +39,7 @@ from streams.runtime.processor import PREDICTIONS as PREDICTIONS_ROLE
 from streams.runtime.processor import Output
 from streams.runtime.progress import Progress
 from streams.settings.exits import EXIT_USAGE
+from streams.tools.held import DEFAULT_MEMORY_MIB, USER_BYTES
 from streams.tools.replay import OfflineRun, encoded_state
 
 
@@ -78,6 +79,23 @@ def _add_replay(commands: Any) -> None:
         "record's timestamp (a file has none)",
     )
     replay.add_argument("--states", help="also write each user's final state to this JSONL file")
+    replay.add_argument(
+        "--memory",
+        type=int,
+        default=DEFAULT_MEMORY_MIB,
+        metavar="MIB",
+        help="memory for users' states, in MiB (default %(default)s: about "
+        f"{DEFAULT_MEMORY_MIB * 2**20 // USER_BYTES:,} users). Users beyond it are written to "
+        "disk, under --spill-dir, and read back when they come again: the outputs are the "
+        "same, a history of millions of users fits any machine, and it costs disk space (about "
+        "the stored state of each user, removed at the end) and some speed when users come "
+        "back in no order",
+    )
+    replay.add_argument(
+        "--spill-dir",
+        help="where users beyond --memory are written (default: the system's temporary "
+        "directory, $TMPDIR)",
+    )
     replay.add_argument("--quiet", action="store_true", help="no progress line or summary")
     input_arguments(replay)
     replay.set_defaults(run=run_replay)
@@ -201,7 +219,27 @@ def run_replay(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         return fail("replay", f"cannot write --out {args.out}: {exc.strerror}", "write elsewhere")
-    config_run = OfflineRun(config, str(source), clock)
+    config_run = OfflineRun(
+        config,
+        str(source),
+        clock,
+        memory_users=max(args.memory * 2**20 // USER_BYTES, 1),
+        spill_dir=args.spill_dir,
+    )
+    try:
+        return _replay(args, config_run, handle, out, (source, total, until))
+    finally:
+        config_run.close()  # what went to disk beyond --memory
+
+
+def _replay(
+    args: argparse.Namespace,
+    config_run: OfflineRun,
+    handle: BinaryIO,
+    out: TextIO,
+    source_total_until: tuple[Path, int | None, int | None],
+) -> int:
+    source, total, until = source_total_until
     started = time.monotonic()
     progress = Progress("replay", total, enabled=not args.quiet)
     try:
@@ -219,32 +257,37 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.states:
         try:
             with open(args.states, "w", encoding="utf-8") as states:
-                for user, state in config_run.states().items():
+                for user, state in config_run.final_states():  # one at a time: any number
                     write_jsonl(states, {"user": user, "state": encoded_state(state)}, "states")
         except OSError as exc:
             what = f"cannot write --states {args.states}: {exc.strerror}"
             return fail("replay", what, "write elsewhere")
     if not args.quiet:
-        counts = config_run.counts
-        shown = (
-            "applied",
-            "late",
-            "duplicate_id",
-            "ignored",
-            "dead_lettered",
-            "predictions",
-            "episodes",
-            *(("expired",) if config_run.config.state_ttl_ms is not None else ()),
-        )
-        summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
-        elapsed = time.monotonic() - started
-        rate = config_run.processor.handled() / max(elapsed, 1e-9)
-        print(
-            f"replay: {summary}, users {config_run.user_count():,} "
-            f"in {elapsed:.1f} s ({rate:,.0f} events/s)",
-            file=sys.stderr,
-        )
+        _summary(config_run, time.monotonic() - started)
     return 0
+
+
+def _summary(config_run: OfflineRun, elapsed: float) -> None:
+    counts = config_run.counts
+    shown = (
+        "applied",
+        "late",
+        "duplicate_id",
+        "ignored",
+        "dead_lettered",
+        "predictions",
+        "episodes",
+        *(("expired",) if config_run.config.state_ttl_ms is not None else ()),
+    )
+    summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
+    rate = config_run.processor.handled() / max(elapsed, 1e-9)
+    spilled = config_run.written_to_disk
+    disk = f" (beyond --memory: {spilled:,} written to disk)" if spilled else ""
+    print(
+        f"replay: {summary}, users {config_run.user_count():,}{disk} "
+        f"in {elapsed:.1f} s ({rate:,.0f} events/s)",
+        file=sys.stderr,
+    )
 
 
 def _replay_files_problem(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -257,6 +300,10 @@ def _replay_files_problem(args: argparse.Namespace) -> tuple[str, str] | None:
         problem = None if value in (None, "-") else writable_output(Path(value), flag)
         if problem:
             return problem, "create it first, or write elsewhere"
+    if args.memory < 1:
+        return f"--memory {args.memory}: give at least 1 MiB", "give a larger --memory"
+    if args.spill_dir is not None and not Path(args.spill_dir).is_dir():
+        return f"--spill-dir {args.spill_dir} is not a directory", "create it first"
     return None
 
 

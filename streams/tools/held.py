@@ -26,6 +26,11 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 from schemas.stored import StoredUser, encode_stored
 from streams.runtime.processor import StateCache, Table
 
+USER_BYTES: Final = 4096
+"""About what a user held decoded costs in memory (the realistic stream's users, measured:
+BENCHMARKS.md), to turn `oracular replay --memory` into a number of users."""
+DEFAULT_MEMORY_MIB: Final = 512
+"""`oracular replay --memory`'s default."""
 STATE: Final = b"s"
 """Key prefix of a user: STATE + user key -> its 8-byte sequence number + its stored value."""
 ORDER: Final = b"o"

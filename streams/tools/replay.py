@@ -173,7 +173,12 @@ class OfflineRun:
 
     def states(self) -> dict[str, EngineState]:
         """Each user's final state (after `finish`), read back from its stored bytes."""
-        return {key.decode(): decode_stored(raw, self.config).state for key, raw in self._encoded()}
+        return dict(self.final_states())
+
+    def final_states(self) -> Iterator[tuple[str, EngineState]]:
+        """`states`, one user at a time, in the order first stored."""
+        for key, raw in self._encoded():
+            yield key.decode(), decode_stored(raw, self.config).state
 
     def stored(self) -> dict[str, bytes]:
         """Each user's final table value, as the worker would store it."""

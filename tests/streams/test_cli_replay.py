@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from engine import Event, deserialize, replay
 from schemas.config import load_config
@@ -265,3 +266,43 @@ def test_with_a_state_ttl_the_summary_counts_expired_users_and_states_keep_the_a
     assert code == 0
     assert [json.loads(line)["user"] for line in states.read_text().splitlines()] == ["u3"]
     assert "expired 2, users 1 " in capsys.readouterr().err
+
+
+def test_replay_beyond_its_memory_writes_users_to_disk_and_gives_the_same_files(tmp_path, capsys):
+    """`--memory 1` holds 256 users decoded: a stream of 600 goes over the disk, and the
+    outputs and states files are byte for byte the ones a run in memory writes."""
+    from bench.synthetic import clickstream
+    from schemas.events import encode_event
+
+    events = tmp_path / "events.jsonl"
+    stream = clickstream(load_config(CONFIG), 6_000, 600, 3)
+    events.write_bytes(b"".join(encode_event(e, as_json=True) + b"\n" for e in stream))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    files = {}
+    for memory in ("512", "1"):
+        out, states = tmp_path / f"out-{memory}.jsonl", tmp_path / f"states-{memory}.jsonl"
+        argv = ["replay", str(events), "--config", str(CONFIG), "--out", str(out)]
+        argv += ["--states", str(states), "--memory", memory, "--spill-dir", str(spill)]
+        assert main(argv) == 0
+        files[memory] = (out.read_bytes(), states.read_bytes())
+        summary = capsys.readouterr().err
+        assert ("written to disk" in summary) == (memory == "1"), summary
+    assert files["1"] == files["512"]
+    assert len(files["1"][1].splitlines()) == 600
+    assert not any(spill.iterdir())  # removed at the end
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--memory", "0"], "--memory 0: give at least 1 MiB"),
+        (["--spill-dir", "/nonexistent/spill"], "--spill-dir /nonexistent/spill is not a"),
+    ],
+)
+def test_replay_memory_flags_are_checked_before_it_runs(tmp_path, capsys, flags, problem):
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps(EVENTS[0]) + "\n")
+    code = main(["replay", str(events), "--config", str(CONFIG), "--out", "-", *flags])
+    assert code != 0
+    assert problem in capsys.readouterr().err
