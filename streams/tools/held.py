@@ -26,7 +26,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 from schemas.stored import StoredUser, encode_stored
 from streams.runtime.processor import StateCache, Table
 
-USER_BYTES: Final = 4096
+USER_BYTES: Final = 8192
 """About what a user held decoded costs in memory (the realistic stream's users, measured:
 BENCHMARKS.md), to turn `oracular replay --memory` into a number of users."""
 DEFAULT_MEMORY_MIB: Final = 512

@@ -269,7 +269,7 @@ def test_with_a_state_ttl_the_summary_counts_expired_users_and_states_keep_the_a
 
 
 def test_replay_beyond_its_memory_writes_users_to_disk_and_gives_the_same_files(tmp_path, capsys):
-    """`--memory 1` holds 256 users decoded: a stream of 600 goes over the disk, and the
+    """`--memory 1` holds 128 users decoded: a stream of 600 goes over the disk, and the
     outputs and states files are byte for byte the ones a run in memory writes."""
     from bench.synthetic import clickstream
     from schemas.events import encode_event
