@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine import (
+    ClosedEpisode,
     EngineConfig,
     EngineError,
     Event,
@@ -878,9 +879,7 @@ class Processor:
                 continue
             user = slot.user
             number = user.episodes + 1
-            output = self._output(
-                EPISODES, key, episode_message(key.decode(), transition.closed, number)
-            )
+            self._publish_close(batch, key, transition.closed, number)
             slot.user = StoredUser(
                 transition.state,
                 user.partition,
@@ -896,9 +895,6 @@ class Processor:
             slot.partition = message.partition
             slot.dirty = True
             self.counts["closed_by_timer"] += 1
-            self.counts[EPISODES] += 1
-            self.closed_by_reason[transition.closed.reason] += 1
-            batch.outputs.append(output)
             closed += 1
         if partition not in self.more_due:  # (a tick read again after a rebalance)
             self.ticks_left_due.discard((partition, message.offset))
@@ -977,16 +973,9 @@ class Processor:
         """The user of `slot` expired by `at`: its open episode closes as the timer closes it
         (at its deadline), its stored state is deleted, and `slot` holds a new user."""
         user = slot.user
-        transition = close_if_due(user.state, at)
-        if transition.closed is not None:
-            number = user.episodes + 1
-            batch.outputs.append(
-                self._output(
-                    EPISODES, key, episode_message(key.decode(), transition.closed, number)
-                )
-            )
-            self.counts[EPISODES] += 1
-            self.closed_by_reason[transition.closed.reason] += 1
+        closed = close_if_due(user.state, at).closed
+        if closed is not None:
+            self._publish_close(batch, key, closed, user.episodes + 1)
         partition = message.partition
         slot.user = StoredUser(create_state(self.config), partition, -1)
         slot.partition = partition
@@ -996,6 +985,15 @@ class Processor:
         queue = self.expiries.get(partition)
         if queue is not None:
             queue.pop(key, None)
+
+    def _publish_close(self, batch: Batch, key: bytes, closed: ClosedEpisode, number: int) -> None:
+        """Publish the user's `number`-th episode, closed without an input (by the timer, or
+        as the user expired), and count it."""
+        batch.outputs.append(
+            self._output(EPISODES, key, episode_message(key.decode(), closed, number))
+        )
+        self.counts[EPISODES] += 1
+        self.closed_by_reason[closed.reason] += 1
 
     def dead_letter(self, batch: Batch, message: InMessage, error: str) -> None:
         """Publish the message to the dead-letter topic with the reason and its origin."""

@@ -37,7 +37,7 @@ ORDER: Final = b"o"
 """Key prefix of the order: ORDER + 8-byte sequence number -> user key. An entry whose user
 holds another number is stale (the user expired and was stored again later)."""
 SORTED: Final = b"t"
-"""Key prefix of the keys `sorted_values` sorts on disk."""
+"""Key prefix of the keys `sorted_keys` sorts on disk."""
 WRITE_BUFFER: Final = 16 << 20
 """RocksDB's memory for writes before they go to a file (its default is 64 MiB)."""
 SORT_BATCH: Final = 10_000
@@ -93,18 +93,18 @@ class Spill:
         for key, value in self._prefixed(ORDER):
             yield int.from_bytes(key[len(ORDER) :], "big"), value
 
-    def sorted_values(self, items: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
-        """The value of each (sort key, value) pair, in sort-key order (sorted on disk)."""
+    def sorted_keys(self, keys: Iterable[bytes]) -> Iterator[bytes]:
+        """`keys` in order (sorted on disk, so any number of them)."""
         batch = WriteBatch(raw_mode=True)
-        for n, (sort_key, value) in enumerate(items):
-            batch.put(SORTED + sort_key + _number(n), value)
+        for n, key in enumerate(keys):
+            batch.put(SORTED + key + _number(n), key)
             if n % SORT_BATCH == SORT_BATCH - 1:
                 self.db.write(batch)
                 batch = WriteBatch(raw_mode=True)
         self.db.write(batch)
-        for key, value in self._prefixed(SORTED):
-            self.db.delete(key)
-            yield value
+        for stored, key in self._prefixed(SORTED):
+            self.db.delete(stored)
+            yield key
 
     def close(self) -> None:
         """Close the database and remove its directory."""

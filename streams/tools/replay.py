@@ -210,7 +210,7 @@ class OfflineRun:
             return
         offset = 1 << 63  # deadlines may be negative: sort them as unsigned numbers
         keyed = ((deadline + offset).to_bytes(8, "big") + key for deadline, key in due)
-        for value in spill.sorted_values((k, k) for k in keyed):
+        for value in spill.sorted_keys(keyed):
             yield int.from_bytes(value[:8], "big") - offset, value[8:]
 
     def _open_since(self) -> Iterator[tuple[bytes, int | None]]:
