@@ -35,17 +35,33 @@ sent=$(grep -c . "$SAMPLE")  # one message a line
 # The worker's last `oracular summary:` counter, e.g. `count applied` -> 2817.
 count() { grep -o "oracular summary: .*" "$LOG" | tail -n 1 | grep -o "\b$1=[0-9]*" | cut -d= -f2; }
 
+# Wait up to $2 s for child $1 ($3 names it) to exit; SIGKILL it then, and say so. A stop
+# that hangs must not hang the run: Ctrl-C always ends it.
+end_within() {
+    local pid=$1 limit_s=$2 what=$3 i
+    for ((i = 0; i < limit_s * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "== $what did not stop within $limit_s s; killed" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
 finish() {
     trap - EXIT INT TERM
     if [[ -n $tailer ]] && kill -0 "$tailer" 2>/dev/null; then
         kill -TERM "$tailer" 2>/dev/null || true  # it prints what it holds and its tally
-        wait "$tailer" 2>/dev/null || true
+        end_within "$tailer" 15 "the tail"
     fi
     if kill -0 $worker 2>/dev/null; then
         echo "== stopping the worker"
         kill -TERM $worker 2>/dev/null || true
     fi
-    wait $worker 2>/dev/null || true  # it logs its final counters on the way out
+    # It logs its final counters on the way out, and ends itself within its stop deadline.
+    end_within $worker $((${ORACULAR_SHUTDOWN_TIMEOUT_S:-30} + 15)) "the worker"
     if ! grep -q "oracular summary:" "$LOG" 2>/dev/null; then
         echo "== run $RUN_ID: the worker logged no counters; see $LOG"
         return

@@ -702,6 +702,7 @@ def run_tail(args: argparse.Namespace) -> int:
             tally=tally,
             keep=keep,
             window_s=args.order_window,
+            stopping=lambda: stop.stopped,
         )
     )
     if tally is not None:

@@ -9,7 +9,7 @@ import heapq
 import io
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -170,8 +170,10 @@ async def tail_topics(
     tally: Tally | None = None,
     keep: Filter | None = None,
     window_s: float = ORDER_WINDOW_S,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> int:
-    """Print output messages as they arrive, until `limit` or `idle_s`: one JSON line each, or,
+    """Print output messages as they arrive, until `limit`, `idle_s` or `stopping()`: one JSON
+    line each, or,
     with `tally`, one readable line each (streams/tools/pretty.py), counted in `tally`, whose
     running summary goes to stderr whenever the outputs fall quiet for `QUIET_S`. Only the messages
     `keep` accepts are shown (and counted); they come out in event-time order within
@@ -208,7 +210,10 @@ async def tail_topics(
         out.flush()
 
     try:
-        while limit is None or shown < limit:
+        # `stopping` as well as the signal's cancel: Python 3.11's wait_for (used inside
+        # aiokafka) can swallow a cancel that lands as its inner call completes, and the tail
+        # then ran on after the Ctrl-C of `make run` on a loaded machine.
+        while (limit is None or shown < limit) and not stopping():
             batches = await consumer.getmany(timeout_ms=500)
             now = time.monotonic()
             for batch in batches.values():

@@ -68,6 +68,8 @@ USERS = 300
 SEED = 45
 FAULT_TIMEOUT_S = 120.0  # the fault shows within seconds; this bounds a hang only
 DISK = "24m"
+FILL_CHUNKS = 4
+"""The full-disk stream is produced in this many parts, until the worker stops."""
 LEAVE_BYTES = 512 * 1024
 """Free space left on the worker's disk once it is ready: a few batches' states and WAL."""
 
@@ -133,7 +135,7 @@ async def full_disk(
     dep: Deployment, faust_worker: WorkerFactory, disk: Path, stream: tuple[list, int]
 ) -> None:
     """The datadir's disk fills mid-stream (the guard off): exit 74 and one line; a restart
-    once space is freed gives the replay's outputs."""
+    once space is freed (and the rest of the stream) gives the replay's outputs."""
     events, until = stream
     await dep.create_topics()
     worker = on_disk(
@@ -144,8 +146,7 @@ async def full_disk(
     )
     worker.start()
     filler = fill(disk, LEAVE_BYTES)
-    await produce_events(dep.bootstrap, dep.topics.events.name, events)
-    code = await worker.wait_exit_async(FAULT_TIMEOUT_S)
+    produced, code = await produce_until_stopped(dep, worker, events)
     lines = stop_lines(worker)
     assert code == EXIT_STORAGE, worker.log_tail(60)
     assert len(lines) == 1 and "(storage in " in lines[0], lines
@@ -153,7 +154,32 @@ async def full_disk(
     assert "restarting" not in worker.log_text(current_run_only=True).lower()
     filler.unlink()
     worker.start()
+    await produce_events(dep.bootstrap, dep.topics.events.name, events[produced:])
     await finish_and_compare(dep, worker, events, until)
+
+
+async def produce_until_stopped(
+    dep: Deployment, worker: FaustWorker, events: list, chunks: int = FILL_CHUNKS
+) -> tuple[int, int]:
+    """Produce `events` a chunk at a time, each once the worker has taken the one before, until
+    the worker exits; how many were produced, and its exit code. How much a stream writes to
+    the disk depends on how the worker batches it (a loaded machine makes fewer, larger
+    batches), so the disk is filled by more input, not by a margin tuned on a quiet machine."""
+    size = -(-len(events) // chunks)
+    for start in range(0, len(events), size):
+        await produce_events(dep.bootstrap, dep.topics.events.name, events[start : start + size])
+        exited = asyncio.ensure_future(worker.wait_exit_async(FAULT_TIMEOUT_S))
+        taken = asyncio.ensure_future(wait_committed(dep, timeout_s=FAULT_TIMEOUT_S))
+        done, pending = await asyncio.wait({exited, taken}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # a timeout of either fails the test here
+        if exited in done:
+            return start + size, exited.result()
+    # all taken and still running: the timer's writes may be the last straw
+    return len(events), await worker.wait_exit_async(FAULT_TIMEOUT_S)
 
 
 @needs_root
@@ -162,7 +188,7 @@ async def test_a_full_disk_stops_the_worker_and_a_restart_equals_the_replay(
 ) -> None:
     dep = deployment(kafka, request.node.name, settings={"ORACULAR_BATCH_MAX": "50"})
     with small_disk(tmp_path / "disk") as disk:
-        await full_disk(dep, faust_worker, disk, the_stream(dep))
+        await full_disk(dep, faust_worker, disk, the_stream(dep, 4 * EVENTS, 4 * USERS))
 
 
 @needs_root

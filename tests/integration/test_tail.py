@@ -108,3 +108,36 @@ def test_tail_refuses_a_prefix_or_suffix_whose_topics_the_broker_does_not_have(k
     assert f"topic {prefix}.events.dlq.x (did you mean {prefix}.events.dlq.bf?) does " in (
         wrong.stderr
     )
+
+
+async def test_a_stop_ends_the_tail_even_when_its_cancel_is_lost(kafka, name):
+    """The stop flag alone ends the loop (as when Python 3.11's wait_for swallowed the signal's
+    cancel inside aiokafka), and what was held still comes out."""
+    import io
+
+    from streams.tools.kafkatools import tail_topics
+
+    prefix = name("run")
+    await _publish(kafka, prefix, "")
+    out = io.StringIO()
+    seen: list[str] = []
+
+    def stopping() -> bool:
+        seen.append(out.getvalue())
+        return bool(out.getvalue())  # stop once something was shown (no idle, no limit)
+
+    shown = await asyncio.wait_for(
+        tail_topics(
+            kafka,
+            [f"{prefix}.predictions", f"{prefix}.episodes"],
+            from_beginning=True,
+            limit=None,
+            idle_s=None,
+            out=out,
+            window_s=0.0,
+            stopping=stopping,
+        ),
+        TAIL_TIMEOUT_S,
+    )
+    assert shown == 2
+    assert len(out.getvalue().splitlines()) == 2

@@ -144,6 +144,7 @@ class _RunSh:
             LOG=str(tmp_path / "worker.log"),
             ORACULAR_BROKER=kafka,
         )
+        self.log = tmp_path / "worker.log"
         self.process = subprocess.Popen(
             ["bash", str(REPO_ROOT / "infra" / "run.sh")],
             cwd=REPO_ROOT,
@@ -175,7 +176,21 @@ class _RunSh:
         raise AssertionError(f"run.sh never printed {text!r}; its output:\n{output}")
 
     def finish(self, timeout: float) -> int:
-        code = self.process.wait(timeout)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            ps = subprocess.run(
+                ["ps", "-o", "pid,stat,etime,args", "--sid", str(self.process.pid)],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            log = self.log.read_text(errors="replace").splitlines()[-30:]
+            output = "\n".join(self.lines[-40:])
+            raise AssertionError(
+                f"run.sh did not end within {timeout:.0f} s; its processes:\n{ps}\n"
+                f"its output:\n{output}\nthe worker log's end:\n" + "\n".join(log)
+            ) from None
         self._reader.join(timeout)
         return code
 
