@@ -20,8 +20,10 @@ Everything comes from one `random.Random(seed)`: a seed gives the same bytes eve
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,20 +99,14 @@ def realistic_stream(
     signal events.
     """
     rng = random.Random(seed)
-    intents = sorted(config.intents)
-    signals = {name: sorted(config.intents[name].signals) for name in intents}
-    every_signal = sorted({s for names in signals.values() for s in names})
-    outcomes = {name: config.intents[name].outcome for name in intents}
+    words = _Words.of(config)
     people = [_person(rng, n) for n in range(users)]
     clocks = [START + rng.randrange(0, 3 * DAY) for _ in range(users)]
     timed: list[tuple[int, int, bytes]] = []  # (time, order, message): a stable time sort
     sessions: list[int] = []
-    seq = 0
 
     def add(at: int, message: dict[str, Any]) -> None:
-        nonlocal seq
-        timed.append((at, seq, json.dumps(message, separators=(",", ":")).encode()))
-        seq += 1
+        timed.append((at, len(timed), _json(message)))
 
     for n, person in enumerate(people):  # every user gets an identify and a first session
         add(clocks[n], _identify(rng, person, clocks[n]))
@@ -118,28 +114,106 @@ def realistic_stream(
     first = list(range(users))
     while total < events:
         user = first.pop() if first else rng.randrange(users)
-        person = people[user]
-        length = rng.randint(*SESSION_EVENTS)
-        lean = rng.choice([*intents, None])
-        at = clocks[user]
-        for i in range(length):
-            at += rng.randrange(2 * SECOND, 3 * MINUTE)
-            if i == length - 1 and lean is not None and rng.random() < OUTCOME_CHANCE:
-                name = outcomes[lean]
-            else:
-                name = None
-            if name is None and rng.random() < SIGNAL_SHARE:
-                pool = signals[lean] if lean is not None and rng.random() < 0.8 else every_signal
-                name = rng.choice(pool)
-            message = _filler(rng, person, at) if name is None else _track(rng, person, name, at)
-            if rng.random() < IDENTIFY_SHARE:
-                add(at, _identify(rng, person, at))
-            add(at, message)
+        session, at = _session(rng, words, people[user], clocks[user])
+        for when, message in session:
+            add(when, message)
+        length = sum(message["type"] != "identify" for _, message in session)
         sessions.append(length)
         total += length
         clocks[user] = at + rng.randrange(2 * HOUR, 4 * DAY)
     timed.sort()
     return RealisticStream([raw for _, _, raw in timed], users, sessions, seed)
+
+
+def realistic_messages(config: EngineConfig, users: int, seed: int = 11) -> Iterator[bytes]:
+    """The same kind of stream without an end, made as it is read (`make soak` produces an
+    hour of it): messages in time order, memory bounded by the sessions open at a time.
+
+    Each user's next session starts 2 h to 4 days after its last one ends (its first within
+    three days of START, after an `identify`). Sessions are made in the order they start;
+    a message is let out once the next session to be made starts after it, so nothing made
+    later can come before it.
+    """
+    rng = random.Random(seed)
+    words = _Words.of(config)
+    people = [_person(rng, n) for n in range(users)]
+    starts = [(START + rng.randrange(0, 3 * DAY), n) for n in range(users)]
+    heapq.heapify(starts)
+    met: set[int] = set()
+    waiting: list[tuple[int, int, bytes]] = []  # (time, order, message): a stable time order
+    made = 0
+
+    def add(at: int, message: dict[str, Any]) -> None:
+        nonlocal made
+        heapq.heappush(waiting, (at, made, _json(message)))
+        made += 1
+
+    while True:
+        start, user = heapq.heappop(starts)
+        person = people[user]
+        if user not in met:
+            met.add(user)
+            add(start, _identify(rng, person, start))
+        session, end = _session(rng, words, person, start)
+        for when, message in session:
+            add(when, message)
+        heapq.heappush(starts, (end + rng.randrange(2 * HOUR, 4 * DAY), user))
+        horizon = starts[0][0]
+        while waiting and waiting[0][0] <= horizon:
+            yield heapq.heappop(waiting)[2]
+
+
+@dataclass(frozen=True, slots=True)
+class _Words:
+    """A config's names the generator draws from."""
+
+    intents: list[str]
+    signals: dict[str, list[str]]
+    every_signal: list[str]
+    outcomes: dict[str, str | None]
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> _Words:
+        intents = sorted(config.intents)
+        signals = {name: sorted(config.intents[name].signals) for name in intents}
+        return cls(
+            intents,
+            signals,
+            sorted({s for names in signals.values() for s in names}),
+            {name: config.intents[name].outcome for name in intents},
+        )
+
+
+def _session(
+    rng: random.Random, words: _Words, person: _Person, at: int
+) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """One session of `person` after `at`: its (time, message)s (an identify now and then
+    among them) and its last event's time. It leans to one intent (or none)."""
+    length = rng.randint(*SESSION_EVENTS)
+    lean = rng.choice([*words.intents, None])
+    out: list[tuple[int, dict[str, Any]]] = []
+    for i in range(length):
+        at += rng.randrange(2 * SECOND, 3 * MINUTE)
+        if i == length - 1 and lean is not None and rng.random() < OUTCOME_CHANCE:
+            name = words.outcomes[lean]
+        else:
+            name = None
+        if name is None and rng.random() < SIGNAL_SHARE:
+            pool = (
+                words.signals[lean]
+                if lean is not None and rng.random() < 0.8
+                else words.every_signal
+            )
+            name = rng.choice(pool)
+        message = _filler(rng, person, at) if name is None else _track(rng, person, name, at)
+        if rng.random() < IDENTIFY_SHARE:
+            out.append((at, _identify(rng, person, at)))
+        out.append((at, message))
+    return out, at
+
+
+def _json(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)

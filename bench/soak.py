@@ -2,28 +2,33 @@
 the realistic stream, its lookup API queried all along; what grows, and whether the outputs
 still equal the replay.
 
-1. A broker of its own; the realistic stream (bench/realistic.py, Segment JSON keyed by
-   `userId`, each record stamped with its `sentAt`, bench/realistic.yaml) generated whole: the
-   first `--preload` events are produced before the worker starts, and its drain rate over
-   them sets the soak's rate (half of it; `--rate` instead).
+1. A broker of its own; the realistic stream (bench/realistic.py `realistic_messages`:
+   Segment JSON keyed by `userId`, each record stamped with its `sentAt`, bench/realistic.yaml),
+   made as it is produced, so an hour at any rate fits in memory. The first `--preload`
+   events are produced before the worker starts, and its drain rate over them sets the soak's
+   rate (half of it; `--rate` instead).
 2. The rest is produced at that rate for `--minutes`, while a client asks the lookup API for
    a random known user at `--lookup-rate` requests a second (open loop: a slow answer does
    not slow the asking). Every `--sample-s` it records the worker's resident memory (all its
-   processes), open files, datadir size, input lag and the window's lookup p99.
+   processes), open files, datadir size, input lag and the window's lookup p99. A lookup that
+   fails is counted by its status and the reason the API gave.
 3. Closing marks a day after the last event close every episode by event time; once the
    worker has committed everything, each output is compared with the offline replay of the
-   same events: every id the replay publishes is there, no other, every copy equal.
+   same events (the stream made again from its seed, replayed with bounded memory): every id
+   the replay publishes is there, no other, every copy equal. The worker's outputs are held
+   on disk as one digest per id, so the comparison's memory does not grow with the hour.
 
 It prints each quantity's least-squares slope per hour (over the samples after the first
 tenth: the start-up's growth is not a leak) and exits 1 when an output differs or the worker
-stopped. Events are generated in memory (about 1 KiB each with their decoded form), so
-`--max-events` caps the stream, and the rate with it, saying so.
+stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import itertools
 import json
 import random
 import re
@@ -32,31 +37,38 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from rocksdict import Options, Rdict
 
-from bench.inputs import KEEP_INPUT, Record, build, config_path
+from bench.inputs import DAY_MS, KEEP_INPUT, Record, config_path, segment_record
 from bench.lookup import API_LINE
+from bench.realistic import realistic_messages
+from bench.synthetic import closing_marks
 from bench.topics import create_topics
 from bench.workers import PARTITIONS, Worker
-from engine import Event
+from engine import EngineConfig
 from infra.broker import start_broker
 from infra.processes import process_tree, tree_rss_bytes
 from schemas.config import load_config
-from schemas.events import IgnoredMessage, decode_event
+from schemas.events import IgnoredMessage, decode_event, encode_event
 from schemas.outputs import decode_output
 from streams.settings import default
-from streams.tools.replay import replay_outputs
+from streams.tools.replay import OfflineRun
 
 LAG = re.compile(r"^oracular_partition_lag\{partition=\"\d+\"\} (\S+)$", re.MULTILINE)
 USERS = 40_000
 READY_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 1_800.0
+PROGRESS_EVERY = 1_000_000
+"""Records between progress lines of the comparison."""
 
 
 def say(message: str) -> None:
@@ -108,22 +120,24 @@ def du_mib(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-async def produce(bootstrap: str, topic: str, records: list[Record], rate: float | None) -> None:
-    """Produce `records` in order, paced at `rate` a second (None: as fast as acknowledged)."""
+async def produce(
+    bootstrap: str, topic: str, records: Iterable[Record], rate: float | None
+) -> tuple[int, Record | None]:
+    """Produce `records` in order, paced at `rate` a second (None: as fast as acknowledged);
+    how many, and the last."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
+    n, last = 0, None
     try:
         started = time.monotonic()
         pending = []
-        for n, record in enumerate(records):
+        for n, last in enumerate(records, 1):
             if rate is not None and n % 100 == 0:
                 ahead = n / rate - (time.monotonic() - started)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
             pending.append(
-                await producer.send(
-                    topic, record.value, key=record.key, timestamp_ms=record.timestamp_ms
-                )
+                await producer.send(topic, last.value, key=last.key, timestamp_ms=last.timestamp_ms)
             )
             if len(pending) >= 5_000:
                 await asyncio.gather(*pending)
@@ -131,6 +145,23 @@ async def produce(bootstrap: str, topic: str, records: list[Record], rate: float
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
+    return n, last
+
+
+def soak_records(config: EngineConfig, users: int) -> Iterator[Record]:
+    """The soak's input records, without an end (the same every time)."""
+    return (segment_record(raw) for raw in realistic_messages(config, users))
+
+
+def marks_after(last: Record) -> list[Record]:
+    """Closing marks a day after `last` (its event time is its `sentAt`'s, as the worker reads
+    it: the record is stamped `sentAt`, so the clock-skew correction is nil)."""
+    message = json.loads(last.value)
+    at = int(datetime.fromisoformat(message["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    return [
+        Record(m.user.encode(), encode_event(m), m.at)
+        for m in closing_marks(at + DAY_MS, PARTITIONS)
+    ]
 
 
 async def lag(http: aiohttp.ClientSession, url: str) -> float:
@@ -155,7 +186,7 @@ async def ask(
         started = time.perf_counter()
         try:
             async with http.get(f"{url}/v1/users/{user}") as response:
-                await response.read()
+                body = await response.read()
                 status = response.status
         except Exception as exc:  # counted, the soak goes on
             out.failed[type(exc).__name__] += 1
@@ -164,7 +195,7 @@ async def ask(
             out.answered += 1
             out.latencies_ms.append((time.perf_counter() - started) * 1000)
         else:
-            out.failed[str(status)] += 1
+            out.failed[f"{status} {_reason(body)}"] += 1
 
     started = time.monotonic()
     n = 0
@@ -179,13 +210,75 @@ async def ask(
     await asyncio.gather(*tasks)
 
 
-async def read_outputs(bootstrap: str, topics: list[str]) -> list[Any]:
-    """Every record of `topics`, from their beginnings to their ends now."""
+def _reason(body: bytes) -> str:
+    """A failed lookup's reason: the API's `error` (its first 80 characters)."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return str(error or body[:80])[:80]
+
+
+def digest(message: dict[str, Any]) -> bytes:
+    """An output message's digest: equal messages, equal digests."""
+    text = json.dumps(message, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class Published:
+    """The worker's outputs, held on disk as one digest per id, checked against the replay's
+    one at a time: `add` every published record, then `check` every replay output, then
+    `extra` lists the ids the replay did not publish."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = Rdict(str(path), Options(raw_mode=True))
+        self.records = 0
+        self.ids = 0
+        self.expected = 0
+        self.problems: list[str] = []
+        self.count = 0
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.records += 1
+        key, value = str(message["id"]).encode(), digest(message)
+        held = self.db.get(key)
+        if held is None:
+            self.db[key] = value
+            self.ids += 1
+        elif held != value:
+            self._problem(f"{message['id']}: two different copies published")
+
+    def check(self, message: dict[str, Any]) -> None:
+        self.expected += 1
+        key = str(message["id"]).encode()
+        held = self.db.get(key)
+        if held is None:
+            self._problem(f"{message['id']}: missing (the replay publishes {message})")
+        elif held != digest(message):
+            self._problem(f"{message['id']}: differs from the replay's {message}")
+        if held is not None:
+            del self.db[key]
+
+    def extra(self) -> None:
+        """The ids left once every replay output was checked: published, not in the replay."""
+        for key in self.db.keys():  # noqa: SIM118 - an Rdict: keys() is its key iterator
+            self._problem(f"{key!r}: not in the replay")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _problem(self, text: str) -> None:
+        self.count += 1
+        if len(self.problems) < 20:
+            self.problems.append(text)
+
+
+async def read_outputs(bootstrap: str, topics: list[str], published: Published) -> None:
+    """Every record of `topics`, from their beginnings to their ends now, into `published`."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
     )
     await consumer.start()
-    records: list[Any] = []
     try:
         tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
         consumer.assign(tps)
@@ -193,24 +286,39 @@ async def read_outputs(bootstrap: str, topics: list[str]) -> list[Any]:
         ends = await consumer.end_offsets(tps)
         while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
             for batch in (await consumer.getmany(timeout_ms=1000, max_records=10_000)).values():
-                records.extend(batch)
+                for record in batch:
+                    published.add(decode_output(record.value))
+                    if published.records % PROGRESS_EVERY == 0:
+                        say(f"read {published.records:,} of {sum(ends.values()):,} outputs")
     finally:
         await consumer.stop()
-    return records
 
 
-def compare(records: list[Any], expected: dict[str, Any]) -> list[str]:
-    problems, seen = [], set()
-    for record in records:
-        message = decode_output(record.value)
-        want = expected.get(message["id"])
-        if want is None:
-            problems.append(f"{message['id']}: not in the replay")
-        elif message != want:
-            problems.append(f"{message['id']}: {message} != replay {want}")
-        seen.add(message["id"])
-    problems += [f"{i}: missing" for i in sorted(set(expected) - seen)[:20]]
-    return problems
+def check_replay(
+    config: EngineConfig,
+    records: Iterable[Record],
+    until: int,
+    published: Published,
+) -> None:
+    """Replay the events of `records` offline and check each output against `published`."""
+    run = OfflineRun(config)
+    try:
+        index = 0
+        for n, record in enumerate(records, 1):
+            try:
+                event = decode_event(record.value, fallback_ts=record.timestamp_ms)
+            except IgnoredMessage:
+                continue
+            for output in run.feed_event(index, event):
+                published.check(output.message)
+            index += 1
+            if n % PROGRESS_EVERY == 0:
+                say(f"replayed {n:,} records")
+        for output in run.finish(until):
+            published.check(output.message)
+    finally:
+        run.close()
+    published.extra()
 
 
 async def committed_all(bootstrap: str, group: str, topic: str, timeout_s: float) -> None:
@@ -237,17 +345,6 @@ async def committed_all(bootstrap: str, group: str, topic: str, timeout_s: float
         await admin.close()
 
 
-def decoded(records: list[Record]) -> list[Event]:
-    """The events the worker decodes from `records` (identify calls left out)."""
-    events = []
-    for record in records:
-        try:
-            events.append(decode_event(record.value, fallback_ts=record.timestamp_ms))
-        except IgnoredMessage:
-            continue
-    return events
-
-
 async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one script
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="oracular-soak-"))
     say(f"working in {workdir}")
@@ -257,11 +354,7 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
     worker: Worker | None = None
     try:
         config = load_config(config_path("realistic"))
-        guess = args.rate or 5_000.0
-        total = min(args.max_events, args.preload + int(guess * args.minutes * 60))
-        say(f"generating the realistic stream: {total:,} events over {args.users:,} users")
-        stream = build("realistic", total, args.users, PARTITIONS, config)
-        body, marks = stream.records[:-PARTITIONS], stream.records[-PARTITIONS:]
+        stream = soak_records(config, args.users)
         worker = Worker(
             "soak",
             bootstrap=broker.bootstrap,
@@ -275,8 +368,11 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         topics = worker.topics
         await create_topics(broker.bootstrap, [topics.events.name], KEEP_INPUT)
         await create_topics(broker.bootstrap, [t.name for t in topics if t != topics.events])
-        preload = body[: args.preload]
+        say(f"producing {args.preload:,} records of {args.users:,} users to preload")
+        preload = list(itertools.islice(stream, args.preload))
         await produce(broker.bootstrap, topics.events.name, preload, None)
+        users = sorted({r.key.decode() for r in preload})
+        del preload
         worker.start()
         await worker.ready(timeout_s=READY_TIMEOUT_S)
         await worker.wait_line_async("advertised to other workers as", READY_TIMEOUT_S)
@@ -284,28 +380,23 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             started = time.monotonic()
             await committed_all(broker.bootstrap, "soak", topics.events.name, DRAIN_TIMEOUT_S)
-            drain = len(preload) / (time.monotonic() - started)
-            rest = body[args.preload :]
+            drain = args.preload / (time.monotonic() - started)
             rate = args.rate or drain / 2
             wanted = int(rate * args.minutes * 60)
-            if wanted > len(rest):
-                capped = len(rest) / (args.minutes * 60)
-                say(f"capped by --max-events: {capped:,.0f} events/s, not {rate:,.0f}")
-                rate = capped
-            rest = rest[:wanted]
             say(
-                f"drain rate {drain:,.0f} messages/s ({len(preload):,} preloaded, from ready "
-                f"to committed); soak at {rate:,.0f}/s for {args.minutes:g} min, lookups at "
-                f"{args.lookup_rate:g}/s"
+                f"drain rate {drain:,.0f} messages/s ({args.preload:,} preloaded, from ready "
+                f"to committed); soak at {rate:,.0f}/s for {args.minutes:g} min "
+                f"({wanted:,} records), lookups at {args.lookup_rate:g}/s"
             )
-            users = sorted({r.key.decode() for r in preload})
             stop = asyncio.Event()
             out = Lookups()
             asking = asyncio.create_task(
                 ask(http, url, users, rate=args.lookup_rate, stop=stop, out=out)
             )
             producing = asyncio.create_task(
-                produce(broker.bootstrap, topics.events.name, rest, rate)
+                produce(
+                    broker.bootstrap, topics.events.name, itertools.islice(stream, wanted), rate
+                )
             )
             samples: list[Sample] = []
             soak_start = time.monotonic()
@@ -328,33 +419,43 @@ async def main_async(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one sc
                     f"{sample.lag:8.0f}  lookup p99 {sample.lookup_p99_ms or float('nan'):6.2f} ms"
                 )
             stop.set()
-            await asyncio.gather(producing, asking)
+            if not producing.done():
+                producing.cancel()
+            results = await asyncio.gather(producing, asking, return_exceptions=True)
         ok = worker.running
-        if ok:
-            await produce(broker.bootstrap, topics.events.name, marks, None)
-            await committed_all(broker.bootstrap, "soak", topics.events.name, DRAIN_TIMEOUT_S)
-            ok = worker.stop() == 0
-        else:
+        if not ok:
             say(f"the worker stopped during the soak: {worker.log_tail(20)}")
-        say("comparing every output with the replay")
-        events = decoded(body[: args.preload] + rest + marks)
-        until = events[-1].at - default("lateness_ms")  # the marks' watermark
-        outputs, _ = replay_outputs(config, events, until=until)
-        expected = {o.message["id"]: o.message for o in outputs}
-        records = await read_outputs(
-            broker.bootstrap, [topics.predictions.name, topics.episodes.name]
-        )
-        problems = compare(records, expected)
-        report(
-            samples,
-            out,
-            outputs=len(records),
-            expected=len(expected),
-            problems=problems,
-            rate=rate,
-            args=args,
-        )
-        return 0 if ok and not problems else 1
+            return 1
+        produced, asked = results
+        for result in (produced, asked):
+            if isinstance(result, BaseException):
+                raise result
+        assert not isinstance(produced, BaseException)
+        sent, last = produced
+        assert last is not None
+        rate = sent / (time.monotonic() - soak_start)  # what it reached
+        marks = marks_after(last)
+        await produce(broker.bootstrap, topics.events.name, marks, None)
+        say("waiting for the worker to commit everything")
+        await committed_all(broker.bootstrap, "soak", topics.events.name, DRAIN_TIMEOUT_S)
+        ok = worker.stop() == 0
+        say("comparing every output with the replay: reading the outputs")
+        published = Published(workdir / "outputs.db")
+        try:
+            await read_outputs(
+                broker.bootstrap, [topics.predictions.name, topics.episodes.name], published
+            )
+            say("replaying the same records offline")
+            records = itertools.chain(
+                itertools.islice(soak_records(config, args.users), args.preload + sent), marks
+            )
+            until = marks[-1].timestamp_ms or 0
+            until -= default("lateness_ms")  # the marks' watermark
+            await asyncio.to_thread(check_replay, config, records, until, published)
+        finally:
+            published.close()
+        report(samples, out, published=published, rate=rate, args=args)
+        return 0 if ok and not published.count else 1
     finally:
         if worker is not None and worker.running:
             worker.kill()
@@ -367,9 +468,7 @@ def report(
     samples: list[Sample],
     out: Lookups,
     *,
-    outputs: int,
-    expected: int,
-    problems: list[str],
+    published: Published,
     rate: float,
     args: argparse.Namespace,
 ) -> None:
@@ -396,9 +495,12 @@ def report(
     if p99:
         slope = slope_per_hour([a for a, _ in p99], [b for _, b in p99])
         print(f"| lookup p99 (ms) | {p99[0][1]:.2f} | {p99[-1][1]:.2f} | {slope:+.3f} |")
-    verdict = "equal" if not problems else f"{len(problems)} DIFFERENCES"
-    print(f"outputs: {outputs:,} records, {expected:,} ids in the replay: {verdict}")
-    for line in problems[:10]:
+    verdict = "equal" if not published.count else f"{published.count:,} DIFFERENCES"
+    print(
+        f"outputs: {published.records:,} records, {published.ids:,} ids; "
+        f"{published.expected:,} in the replay: {verdict}"
+    )
+    for line in published.problems[:10]:
         print(f"  {line}")
     print(json.dumps({"samples": [s.__dict__ for s in samples]}), file=sys.stderr)
 
@@ -413,7 +515,6 @@ def main() -> int:
     add("--lookup-rate", type=float, default=50.0)
     add("--users", type=int, default=USERS)
     add("--preload", type=int, default=200_000, help="events to measure the drain rate on")
-    add("--max-events", type=int, default=4_000_000)
     add("--sample-s", type=float, default=30.0)
     add("--workdir", default=None, help="keep everything here (default: a temp dir)")
     add("--keep", action="store_true", help="keep the broker's data and the worker's log")

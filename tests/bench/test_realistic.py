@@ -99,3 +99,42 @@ def test_a_seed_gives_the_same_bytes_and_another_seed_others(config, stream):
 
 def test_users_come_back_for_several_sessions(stream):
     assert len(stream.sessions) >= 2 * USERS  # 6,000 events of 120 users: about 3 each
+
+
+def test_the_endless_stream_is_in_time_order_the_same_per_seed_and_like_the_whole_one(config):
+    """`realistic_messages` (the soak's input): time order, an identify before each user's
+    first event, the same bytes for a seed, sessions of 5-30 events, and about half its events
+    changing a prediction, as the whole stream's."""
+    from bench.realistic import realistic_messages
+
+    first = list(itertools.islice(realistic_messages(config, USERS, seed=5), EVENTS))
+    again = list(itertools.islice(realistic_messages(config, USERS, seed=5), EVENTS))
+    assert first == again
+    assert first != list(itertools.islice(realistic_messages(config, USERS, seed=6), EVENTS))
+    parsed = [json.loads(raw) for raw in first]
+    times = [m["timestamp"] for m in parsed]
+    assert times == sorted(times)
+    met: set[str] = set()
+    for message in parsed:
+        if message["type"] == "identify":
+            met.add(message["userId"])
+        assert message["userId"] in met, message
+    assert len(met) == USERS  # every user has had a session within the first 6,000 messages
+
+    events, ignored = _decoded(first)
+    assert 0 < ignored < 0.1 * len(first)
+    replayer = Replayer(config)
+    changed = sum(bool(replayer.feed(event).predictions) for event in events)
+    assert 0.4 <= changed / len(events) <= 0.6
+    times: dict[str, list[int]] = defaultdict(list)
+    for event in events:
+        times[event.user].append(event.at)
+    lengths = []  # of the sessions a later one follows (the stream is cut in the middle)
+    for user_times in times.values():
+        count = 1
+        for before, after in itertools.pairwise(user_times):
+            if after - before > config.episode_timeout_ms:
+                lengths.append(count)
+                count = 0
+            count += 1
+    assert lengths and min(lengths) >= SESSION_EVENTS[0] and max(lengths) <= SESSION_EVENTS[1]

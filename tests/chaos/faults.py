@@ -61,20 +61,31 @@ class Fleet:
         return [n for n, w in enumerate(self.workers) if not w.running and n not in self.busy]
 
     async def restart_fenced(self) -> None:
-        """Restart workers that stopped themselves after a freeze (exit code 75, EX_TEMPFAIL:
-        `streams.runtime.fencing.EXIT_FENCED`), as a process supervisor would."""
+        """Restart workers that stopped themselves to recover (exit code 75, EX_TEMPFAIL,
+        `streams.settings.exits.EXIT_RESTART`: fenced after a freeze, state not restored after a
+        broker failover, a corrupt store set aside), as a process supervisor would; the reason
+        (the worker's stop line) is noted."""
         for n, worker in enumerate(self.workers):
             process = worker.process
             if n in self.down or n in self.busy or process is None or process.poll() != 75:
                 continue
-            self.note(f"{self.name(n)} exited after a freeze (rc 75): restarting it")
+            stops = [
+                line
+                for line in worker.log_text(current_run_only=True).splitlines()
+                if line.startswith("oracular worker: stopped (")
+            ]
+            why = stops[-1][len("oracular worker: stopped ") :][:160] if stops else "no stop line"
+            self.note(f"{self.name(n)} stopped itself to recover (rc 75) {why}: restarting it")
             await self.start(n)
 
     def check_exits(self) -> None:
-        """Record workers that exited on their own (not stopped or killed by a step)."""
+        """Record workers that exited on their own (not stopped or killed by a step). Exit 75
+        is left to `restart_fenced`: a worker may exit so between its pass and this one."""
         for n, worker in enumerate(self.workers):
             process = worker.process
-            if n in self.down or n in self.busy or process is None or process.poll() is None:
+            if n in self.down or n in self.busy or process is None:
+                continue
+            if process.poll() in (None, 75):
                 continue
             tag = (
                 f"{self.name(n)} exited by itself (rc {process.returncode}, start {worker.starts})"
