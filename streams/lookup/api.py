@@ -44,13 +44,14 @@ from typing import Any, NoReturn, Protocol, get_args
 
 import msgpack
 import msgspec
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, HttpVersion11, TCPConnector, web
 from mode import Service
 from yarl import URL
 
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
 from streams.faust import patches as faust_patches
+from streams.lookup.crosssite import Hosts, check_request
 from streams.lookup.front import Guard, GuardedHandler, Limits, internal_error
 from streams.lookup.metrics import (
     CONTENT_TYPE,
@@ -169,6 +170,9 @@ class Api:
     addresses: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
     """Host -> (when resolved, its addresses), for the peer check."""
     limits: Limits = field(default_factory=Limits)
+    hosts: Hosts = field(default_factory=Hosts)
+    """The names the /v1/ endpoints answer to besides addresses and localhost
+    (`streams.lookup.crosssite`: DNS rebinding)."""
     guard: Guard | None = None
     """The server's connections (set once it serves)."""
     metrics: Metrics = field(default_factory=Metrics)
@@ -275,13 +279,20 @@ def _front(api: Api) -> Any:
         closing = False
         try:
             check_escapes(request.raw_path)
+            # A refusal here leaves the body unread (the stream is lost), or its framing is
+            # faulty (RFC 9112 6.1: HTTP/1.0 with a Transfer-Encoding): answered, then closed.
+            closing = True
             if request.content_length is not None and request.content_length > limit:
                 msg = f"the body is {request.content_length} bytes; the limit is {limit}"
                 raise ApiError(413, msg)
+            check_request(request.method, request.path, request.headers, request.secure, api.hosts)
+            if request.version < HttpVersion11 and "Transfer-Encoding" in request.headers:
+                raise ApiError(400, "an HTTP/1.0 request may not have a Transfer-Encoding")
+            closing = False
             response = await handler(request)
         except ApiError as exc:
             response = _api_error(request, exc)
-            closing = exc.status in (408, 413)  # the body was not read: the stream is lost
+            closing = closing or exc.status == 408  # the body was not read
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -1152,6 +1163,15 @@ def load_tls(
     return server, client
 
 
+def own_names(settings: Settings, url: str) -> list[str]:
+    """The host names this worker is asked by: its bind address, its advertised URL's host
+    and this machine's names (`streams.lookup.crosssite.Hosts`)."""
+    names = [settings.api_host, URL(url).host or "", socket.gethostname()]
+    with contextlib.suppress(OSError):
+        names.append(socket.getfqdn())
+    return names
+
+
 def allowed_peers(settings: Settings, sock: socket.socket) -> Peers:
     """ORACULAR_API_PEERS, else loopback, this host's addresses and the brokers' networks."""
     if settings.api_peers:
@@ -1230,6 +1250,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
         forward_timeout_s=settings.api_forward_timeout_s,
         max_skew_ms=settings.max_skew_ms,
         peers=allowed_peers(settings, sock),
+        hosts=Hosts.of(settings.api_hosts, own_names(settings, url)),
         limits=Limits.from_settings(settings),
         tls=tls_paths(settings),
         log_level=logging.getLogger("oracular").getEffectiveLevel(),

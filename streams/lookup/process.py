@@ -75,6 +75,7 @@ async def serve_child(listen: socket.socket, sock: socket.socket) -> None:
         client_ssl=client_ssl,
         app_id=args.app_id,
         peers=args.peers,
+        hosts=args.hosts,
         limits=args.limits,
         cache=ReplicaCache(replica),
     )

@@ -47,6 +47,7 @@ import msgpack
 
 from engine import EngineConfig
 from streams.faust import patches as faust_patches
+from streams.lookup.crosssite import Hosts
 from streams.lookup.metrics import Family, Histogram, Metrics
 from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, UserRead
 from streams.runtime.failstop import FAIL_STOP
@@ -123,6 +124,8 @@ class ChildArgs:
     """ORACULAR_API_REALTIME: the API process's SCHED_RR priority (0: the normal policy)."""
     cpus: frozenset[int] | None = None
     """ORACULAR_API_CPUS: the CPUs the API process runs on (None: the worker's)."""
+    hosts: Hosts = field(default_factory=Hosts)
+    """The names the API answers to (ORACULAR_API_HOSTS and the worker's own names)."""
 
 
 # --- the API process's side -----------------------------------------------------------------

@@ -190,9 +190,27 @@ def parse_json(body: bytes) -> Any:
         if depth > MAX_JSON_DEPTH:
             raise ApiError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        raise ApiError(400, f"the body has the key {str(exc)[:100]} twice in one object") from exc
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the body is not JSON: {str(exc)[:200]}") from exc
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names a key twice: which copy counts differs between parsers, so the
+    body is refused, as the input path refuses it."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(json.dumps(key))
+            seen.add(key)
+    return out
 
 
 def batch_body(at: int, counts: Mapping[str, int], results: list[Any]) -> dict[str, Any]:
@@ -339,6 +357,8 @@ def _typed_batch(body: bytes, config: EngineConfig) -> BatchRequest | None:
         typed = _BATCH.decode(body)
     except (msgspec.DecodeError, ValueError):  # ValueError: bad UTF-8
         return None
+    if not _keys_once(body, typed):
+        return None
     if not typed.users or len(typed.users) > MAX_BATCH:
         return None
     try:
@@ -347,6 +367,24 @@ def _typed_batch(body: bytes, config: EngineConfig) -> BatchRequest | None:
     except ApiError:
         return None
     return BatchRequest(items, at, typed.explain, typed.stale)
+
+
+def _keys_once(body: bytes, typed: _TypedBatch) -> bool:
+    """True when no object of `body` can have named a key twice (msgspec keeps the last copy;
+    `parse_json` refuses the body): each key's quoted name occurs no more often than the
+    decoded batch accounts for. An escape anywhere, or a name that also occurs as a value,
+    sends the body to the full path, which decides exactly."""
+    if b"\\" in body:
+        return False
+    objects = [item for item in typed.users if isinstance(item, _TypedItem)]
+    return (
+        body.count(b'"users"') == 1
+        and body.count(b'"at"') <= 1
+        and body.count(b'"explain"') <= 1
+        and body.count(b'"stale"') <= 1
+        and body.count(b'"user"') == len(objects)
+        and body.count(b'"intents"') == sum(item.intents is not None for item in objects)
+    )
 
 
 def _typed_item(entry: str | _TypedItem, config: EngineConfig) -> BatchItem:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
+from streams.lookup.crosssite import problems as host_problems
 from streams.settings.cpus import check_cpus
 from streams.settings.peers import Peers
 from streams.settings.topics import ProductTopics, declare_topics
@@ -234,6 +235,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "the worker's for `oracular query` (unset: the system's)"),
     Setting("api_forward_timeout_s", "ORACULAR_API_FORWARD_TIMEOUT_S", float, 2.0,
             "a lookup forwarded to the owning worker gives up after this (504)"),
+    Setting("api_hosts", "ORACULAR_API_HOSTS", str, None,
+            "host names the lookup API's /v1/ endpoints answer to besides IP addresses, "
+            "localhost, this machine's names and the advertised URL's host: comma-separated, or "
+            "`*` for any; another name in a request's Host gets 421 (DNS rebinding; "
+            "docs/serving.md)", shown="none"),
     Setting("api_peers", "ORACULAR_API_PEERS", str, None,
             "the workers lookups may be forwarded to: comma-separated host names, addresses "
             "and CIDR networks, or `*` for any; a worker the group advertises elsewhere gets "
@@ -354,6 +360,7 @@ class Settings:
     api_tls_key: Path | None = default("api_tls_key")  # noqa: RUF009
     api_tls_cafile: Path | None = default("api_tls_cafile")  # noqa: RUF009
     api_forward_timeout_s: float = default("api_forward_timeout_s")
+    api_hosts: str | None = default("api_hosts")
     api_peers: str | None = default("api_peers")
     api_header_timeout_s: float = default("api_header_timeout_s")
     api_body_timeout_s: float = default("api_body_timeout_s")
@@ -615,6 +622,8 @@ def _check_api(settings: Settings, label: Any) -> list[str]:
     if token and token.strip() and (not token.isprintable() or any(c.isspace() for c in token)):
         where = label("api_token_file") if settings.api_token_file else label("api_token")
         problems.append(f"{where}: the token must be printable, without spaces")
+    if settings.api_hosts is not None:
+        problems += [f"{label('api_hosts')}: {p}" for p in host_problems(settings.api_hosts)]
     if settings.api_peers is not None:
         try:
             Peers.parse(settings.api_peers)

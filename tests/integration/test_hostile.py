@@ -85,7 +85,7 @@ class Api:
     async def ask(self, path: str, *, timeout_s: float) -> tuple[int, bytes]:
         """GET `path` with the token: (status, body); status 0 when the connection failed."""
         raw = (
-            f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
         try:
@@ -162,7 +162,7 @@ async def slowloris(api: Api) -> dict[str, Any]:
     started = time.monotonic()
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"GET /v1/users/u1 HTTP/1.1\r\nHost: x\r\n")
+        writer.write(b"GET /v1/users/u1 HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         for n in range(int(OFFENDERS_GONE_S / 0.5)):  # bounded: the server closes first
             await asyncio.sleep(0.5)
             if writer.is_closing():
@@ -185,7 +185,7 @@ async def slowloris(api: Api) -> dict[str, Any]:
 
 async def huge_declared_body(api: Api) -> dict[str, Any]:
     raw = (
-        f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"POST /v1/lookup HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n"
     ).encode()
     conns = await open_many(api, HUGE)

@@ -115,7 +115,8 @@ async def request(worker: Worker, raw: bytes) -> tuple[int, dict[str, str], Any]
 
 
 def get(path: str, *, auth: str = AUTH, extra: str = "") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}{extra}Connection: close\r\n\r\n".encode()
+    head = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    return f"{head}{auth}{extra}Connection: close\r\n\r\n".encode()
 
 
 # --- every phase bounded -----------------------------------------------------------------
@@ -154,7 +155,7 @@ async def test_slowloris_headers_are_closed_at_the_header_deadline(worker: Worke
 def post_head(length: int, path: str = "/v1/lookup") -> bytes:
     """A POST's request line and headers declaring a body of `length` bytes."""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}Content-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
     ).encode()
 
@@ -185,7 +186,7 @@ async def test_a_body_that_does_not_arrive_is_a_408(worker: Worker) -> None:
 
 async def test_keep_alive_is_bounded_in_time_and_requests(worker: Worker) -> None:
     reader, writer = await connect(worker)
-    keep = f"GET /livez HTTP/1.1\r\nHost: x\r\n{AUTH}\r\n".encode()
+    keep = f"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n".encode()
     closes = []
     for _ in range(FAST.max_requests):
         writer.write(keep)
@@ -309,7 +310,7 @@ async def test_a_storm_of_clients_never_opens_more_sockets_than_the_budget(confi
     "raw",
     [
         b"NOT HTTP AT ALL\r\n\r\n",
-        b"GET /livez HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"y" * 9000 + b"\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Big: " + b"y" * 9000 + b"\r\n\r\n",
         b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % n for n in range(80)) + b"\r\n",
         b"GET /livez HTTP/1.1\r\nContent-Length: nope\r\n\r\n",
         b"G\x00T /livez HTTP/1.1\r\n\r\n",
@@ -328,7 +329,7 @@ async def test_aiohttps_parser_errors_are_json(worker: Worker, raw: bytes) -> No
 
 def post(path: str, body: bytes, *, auth: str = AUTH) -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
 
@@ -376,7 +377,7 @@ async def test_a_malformed_request_is_a_json_4xx(worker: Worker, name: str) -> N
 async def test_an_authorization_header_that_is_not_utf8_is_a_401(
     worker: Worker, value: bytes
 ) -> None:
-    raw = b"GET /v1/users/u1 HTTP/1.1\r\nHost: x\r\nAuthorization: " + value
+    raw = b"GET /v1/users/u1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + value
     status, _, body = await request(worker, raw + b"\r\nConnection: close\r\n\r\n")
     assert status == 401 and "token" in body["error"]
 
@@ -488,7 +489,8 @@ async def test_no_request_is_answered_with_a_5xx(worker: Worker) -> None:
         method: bytes, path: str, query: str, headers: list[Any], body: bytes, auth: bytes
     ) -> None:
         target = path.encode() + (b"?" + query.encode() if query else b"")
-        lines = [method + b" " + target + b" HTTP/1.1", b"Host: x", b"Authorization: " + auth]
+        lines = [method + b" " + target + b" HTTP/1.1", b"Host: 127.0.0.1"]
+        lines += [b"Authorization: " + auth]
         lines += [name + b": " + value for name, value in headers]
         lines += [b"Content-Length: %d" % len(body), b"Connection: close"]
         raw = b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -908,7 +910,10 @@ async def test_a_client_that_never_reads_its_answers_is_closed(config: Any) -> N
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port(worker)))
     _, writer = await asyncio.open_connection(sock=sock)
-    ask = f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: %d\r\n\r\n%s"
+    ask = (
+        f"POST /v1/lookup HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}"
+        "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    )
     body = json.dumps({"users": [f"u{n}" for n in range(200)], "explain": True})
     raw = (ask % (len(body), body)).encode()
     guard = worker.server.guard
