@@ -87,7 +87,14 @@ def faust_worker(kafka: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     ) -> FaustWorker:
         worker = FaustWorker(
             app,
-            env={"ORACULAR_BROKER": kafka, "ORACULAR_APP_ID": app_id, **(env or {})},
+            # A free port for the lookup API unless the test says otherwise: 6067 is the
+            # user's own worker's, which would then move and be confused with a test's.
+            env={
+                "ORACULAR_BROKER": kafka,
+                "ORACULAR_APP_ID": app_id,
+                "ORACULAR_API_PORT": "0",
+                **(env or {}),
+            },
             datadir=tmp_path / app_id / "data",
             log_path=tmp_path / app_id / "worker.log",
             argv=argv,

@@ -37,6 +37,7 @@ def _env(kafka: str, prefix: str, tmp_path: Path) -> dict[str, str]:
         "ORACULAR_PARTITIONS": "2",
         "ORACULAR_TICK_INTERVAL_S": "0.5",
         "ORACULAR_DATADIR": str(tmp_path / "state"),
+        "ORACULAR_API_PORT": "0",  # a free port: 6067 is the user's own worker's
     }
 
 
