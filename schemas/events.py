@@ -45,6 +45,7 @@ import msgspec
 
 from engine import Event
 from engine.durations import MAX_TIME_MS, MIN_TIME_MS
+from schemas.plausible import unit_hint
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 """Largest message accepted (bytes). Segment caps a message at 32 KB; twice that leaves room
@@ -449,10 +450,11 @@ def _epoch_ms(value: float, field: str) -> int:
         msg = f"field {field!r} is {_show(value)}: must be a whole number of epoch milliseconds"
         raise DecodeError(msg)
     if not MIN_TS <= value <= MAX_TS:
+        hint = unit_hint(value)
         msg = (
             f"field {field!r} is {_show(value)}: "
             f"must be epoch milliseconds between {MIN_TS} and {MAX_TS}"
-        )
+        ) + (f"; {hint}" if hint else "")
         raise DecodeError(msg)
     return int(value)
 

@@ -6,6 +6,7 @@ import codecs
 import csv
 import io
 import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from json.encoder import (  # type: ignore[attr-defined]
@@ -26,6 +27,7 @@ from schemas.events import (
     decode_message,
     event_from_message,
 )
+from schemas.plausible import HINT, implausible
 from schemas.stored import id_digest
 
 FileFormat = Literal["jsonl", "msgpack", "csv"]
@@ -93,6 +95,32 @@ def read_lines(
             yield Line(index, None, f"{where}: {_rename(str(exc), names)}", False, raw, where)
         else:
             yield Line(index, event, None, False, raw, where)
+
+
+def plausible_times(lines: Iterator[Line], now_ms: int) -> Iterator[Line]:
+    """`lines`, stopped at the first time that cannot be a real event's (`schemas.plausible`:
+    before 2000, more than a year after `now_ms`, or refused with a unit guess): epoch seconds
+    or microseconds would otherwise replay without an error, as 1970 or as dead letters.
+
+    Raises:
+        EventFileError: naming the line, the time, the likely unit and what to fix.
+    """
+    for line in lines:
+        event = line.event
+        problem = None
+        if event is not None:
+            problem = implausible(event.at, now_ms)
+            if problem is not None:
+                problem = f"{line.where}: the time {problem}"
+        elif line.error is not None and HINT in line.error:
+            problem = line.error
+        if problem is not None:
+            msg = (
+                f"{problem}; every time must be epoch milliseconds or ISO-8601 (fix the time "
+                "field `ts`, or the column --time-col names); stopped there"
+            )
+            raise EventFileError(msg)
+        yield line
 
 
 Parsed = tuple[str, bytes, Any, str | None, Mapping[str, str] | None]
@@ -479,7 +507,8 @@ def read_sorted_events(
     recent: dict[str, RecentIds] = {}
     window = 0 if config is None else config.dedupe_window_ms
     with path.open("rb") as handle:
-        for line in _named(path, read_lines(handle, fmt, columns)):
+        now_ms = int(time.time() * 1000)
+        for line in _named(path, plausible_times(read_lines(handle, fmt, columns), now_ms)):
             if line.ignored:
                 continue
             if line.event is None:

@@ -18,6 +18,7 @@ from schemas.files import (
     Line,
     file_format,
     jsonl_line,
+    plausible_times,
     read_lines,
     read_sorted_events,
     write_jsonl,
@@ -243,7 +244,10 @@ def _replay(
     started = time.monotonic()
     progress = Progress("replay", total, enabled=not args.quiet)
     try:
-        lines = read_lines(handle, file_format(source, args.format), columns(args))
+        lines = plausible_times(
+            read_lines(handle, file_format(source, args.format), columns(args)),
+            config_run.clock_ms,
+        )
         _feed(config_run, lines, out, _ProgressOf(handle, progress))
         _write(out, config_run.finish(END_OF_TIME if until is None else until))
     except EventFileError as exc:  # raised before any line: the file cannot be read at all

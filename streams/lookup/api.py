@@ -51,7 +51,7 @@ from yarl import URL
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
 from streams.faust import patches as faust_patches
-from streams.lookup.crosssite import Hosts, check_request
+from streams.lookup.crosssite import check_request
 from streams.lookup.front import Guard, GuardedHandler, Limits, internal_error
 from streams.lookup.metrics import (
     CONTENT_TYPE,
@@ -95,6 +95,7 @@ from streams.runtime.failstop import FAIL_STOP
 from streams.settings import APP_HEADER, DEFAULT_API_NICE, DEFAULT_API_PORT, Settings
 from streams.settings.cpus import cpus_line, reserve_cpus
 from streams.settings.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+from streams.settings.hosts import Hosts
 from streams.settings.peers import Peers
 from streams.settings.topics import STATE_TABLE
 

@@ -21,56 +21,16 @@ Clients that are not browsers send no Origin and their own Host; nothing changes
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from yarl import URL
 
 from streams.lookup.serving import ApiError
+from streams.settings.hosts import Hosts, host_name
 
 JSON_TYPE = "application/json"
 UNCHECKED_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 """No user's data: probes and scrapers may name the worker as they like."""
-
-
-@dataclass(frozen=True, slots=True)
-class Hosts:
-    """The host names the API answers to, besides IP addresses and `localhost`."""
-
-    names: frozenset[str] = frozenset()
-    any: bool = False
-    """ORACULAR_API_HOSTS=*: every name (rebinding is then the network's business)."""
-
-    @classmethod
-    def of(cls, setting: str | None, own: Iterable[str] = ()) -> Hosts:
-        """ORACULAR_API_HOSTS (comma-separated names, or `*`) and the server's own names."""
-        items = [_name(item) for item in (setting or "").split(",") if item.strip()]
-        if "*" in items:
-            return cls(any=True)
-        return cls(frozenset(items) | {_name(n) for n in own if n and n.strip()})
-
-    def allows(self, host: str) -> bool:
-        name = _name(host)
-        if self.any or name == "localhost" or name.endswith(".localhost"):
-            return True
-        try:
-            ipaddress.ip_address(name.strip("[]"))
-        except ValueError:
-            return name in self.names
-        return True  # a page can only be same-origin with an address by being served from it
-
-
-def problems(setting: str) -> list[str]:
-    """What is wrong with an ORACULAR_API_HOSTS value (empty: nothing)."""
-    out = []
-    for item in setting.split(","):
-        name = item.strip()
-        if not name:
-            out.append("an empty name between commas")
-        elif name != "*" and (any(c in name for c in "/:@ \t[]") or len(name) > 253):
-            out.append(f"{name[:64]!r} is not a host name (no scheme, port or path)")
-    return out
 
 
 def check_request(
@@ -114,7 +74,7 @@ def _same_origin(origin: str, host: str, secure: bool) -> bool:
     default = 443 if secure else 80
     return (
         (url.scheme == "https") == secure
-        and _name(url.host) == _name(name.strip("[]"))
+        and host_name(url.host) == host_name(name.strip("[]"))
         and (url.port or default) == (port or default)
     )
 
@@ -130,7 +90,3 @@ def _split(host: str) -> tuple[str, int | None]:
     if not colon or ":" in name:  # no port, or a bare IPv6 address
         return host, None
     return name, int(port)
-
-
-def _name(text: str) -> str:
-    return text.strip().lower().rstrip(".")

@@ -47,11 +47,11 @@ import msgpack
 
 from engine import EngineConfig
 from streams.faust import patches as faust_patches
-from streams.lookup.crosssite import Hosts
 from streams.lookup.metrics import Family, Histogram, Metrics
 from streams.lookup.serving import RETRY_AFTER_S, ApiError, PartitionView, UserRead
 from streams.runtime.failstop import FAIL_STOP
 from streams.settings.cpus import pin_process
+from streams.settings.hosts import Hosts
 from streams.settings.peers import Peers
 
 log = logging.getLogger("oracular.api")

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from streams.lookup.crosssite import problems as host_problems
 from streams.settings.cpus import check_cpus
+from streams.settings.hosts import problems as host_problems
 from streams.settings.peers import Peers
 from streams.settings.topics import ProductTopics, declare_topics
 

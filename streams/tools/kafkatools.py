@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from engine import Event
 from schemas.events import encode_event
-from schemas.files import CsvColumns, FileFormat, read_lines, write_jsonl
+from schemas.files import CsvColumns, FileFormat, plausible_times, read_lines, write_jsonl
 from schemas.outputs import decode_output
 from streams.runtime.progress import Progress
 from streams.tools.admin import BrokerError, no_broker_message, quiet_aiokafka
@@ -39,7 +39,7 @@ def read_events(
         EventFileError: the file cannot be read at all (a CSV header without a mapped column).
     """
     with path.open("rb") as handle:
-        lines = list(read_lines(handle, fmt, columns))
+        lines = list(plausible_times(read_lines(handle, fmt, columns), int(time.time() * 1000)))
     events = [line.event for line in lines if line.event is not None]
     for line in lines:
         if line.event is None and not line.ignored:

@@ -68,9 +68,15 @@ def test_tune_text_table(tmp_path, config, capsys):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        (["u1,a,1000", "u1,b,999"], "line 3: user 'u1' at 999 comes after their event at 1000"),
-        (["u1,a,1000", "u1,b,soon"], "line 3: column 'when' must be epoch milliseconds or an ISO"),
-        (["u1,,1000"], "line 2: column 'what' is empty"),
+        (
+            ["u1,a,1767261601000", "u1,b,1767261600999"],
+            "line 3: user 'u1' at 1767261600999 comes after their event at 1767261601000",
+        ),
+        (
+            ["u1,a,1767261601000", "u1,b,soon"],
+            "line 3: column 'when' must be epoch milliseconds or an ISO",
+        ),
+        (["u1,,1767261601000"], "line 2: column 'what' is empty"),
     ],
 )
 def test_unsorted_or_unparseable_rows_name_the_line(tmp_path, config, capsys, rows, message):

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from schemas.config import load_config
-from streams.lookup.crosssite import Hosts, problems
 from streams.settings import SettingsError, load_settings
+from streams.settings.hosts import Hosts, problems
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_front import CLOSE_WAIT_S, connect, parse, port, read_until_closed
 from tests.streams.test_serving import Worker, start_worker
