@@ -21,9 +21,7 @@ NOW = int(time.time() * 1000)
 
 def _file(tmp_path, times, name="events.jsonl"):
     path = tmp_path / name
-    rows = [
-        {"user": f"u{i % 2}", "name": "pricing.viewed", "ts": ts} for i, ts in enumerate(times)
-    ]
+    rows = [{"user": f"u{i % 2}", "name": "pricing.viewed", "ts": ts} for i, ts in enumerate(times)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
 
