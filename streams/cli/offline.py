@@ -268,6 +268,14 @@ def _replay(
             return fail("replay", what, "write elsewhere")
     if not args.quiet:
         _summary(config_run, time.monotonic() - started)
+    counts = config_run.counts
+    if counts["applied"] == 0:  # every line a dead letter (or ignored): not a history at all
+        what = (
+            f"{source}: no event was applied ({counts['dead_lettered']:,} dead-lettered, "
+            f"{counts['ignored']:,} ignored)"
+        )
+        todo = "check the file's format (docs/messages.md); the dead letters say why"
+        return fail("replay", what, todo)
     return 0
 
 

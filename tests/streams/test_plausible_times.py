@@ -81,3 +81,16 @@ def test_the_decoder_names_the_unit_of_a_time_beyond_9999():
     """The worker's dead letters say it too."""
     with pytest.raises(DecodeError, match="it looks like epoch microseconds"):
         decode_event(json.dumps({"user": "u", "name": "x", "ts": MS * 1000}).encode())
+
+
+def test_a_replay_that_applied_nothing_exits_2_after_writing_its_dead_letters(tmp_path, capsys):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"usr": "u1", "name": "x", "ts": 1762336900000}\n[1]\n')
+    out = tmp_path / "out.jsonl"
+    assert main(["replay", str(path), "--config", str(CONFIG), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[-1].startswith("oracular replay: ")
+        and "no event was applied (2 dead-lettered" in err[-1]
+    )
+    assert len(out.read_text().splitlines()) == 2  # the dead letters, with why
