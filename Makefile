@@ -106,8 +106,8 @@ bench: setup ## run the benchmarks (python -m bench) if the project has them
 
 # Optional, never the default: engine/ compiled with mypyc into build/compiled/ (the source tree
 # and `make test` stay pure Python), then a replay equality check pure vs compiled
-# (bench/compiled.py). Run the compiled engine with
-# PYTHONSAFEPATH=1 PYTHONPATH=build/compiled:. (docs/development.md has the details).
+# (bench/compiled.py). Run the compiled engine with PYTHONSAFEPATH=1
+# PYTHONPATH=build/compiled:. (engine/README.md, "Compiled with mypyc", has the details).
 compiled: setup ## mypyc engine/ into build/compiled/ and check its replays match the pure build's
 	$(PY) -m bench.compiled build
 	$(PY) -m bench.compiled check

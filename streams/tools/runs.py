@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.settings.topics import STATE_TABLE
 from streams.tools.admin import BrokerError, quiet_aiokafka
+from streams.tools.pretty import plural
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,10 @@ def describe(topics: Sequence[TopicInfo]) -> str:
     for run in sorted({t.run for t in topics}):
         mine = [t for t in topics if t.run == run]
         total = sum(t.messages for t in mine)
-        lines.append(f"{run}: {len(mine)} topic(s), {total:,} messages")
+        lines.append(f"{run}: {plural(len(mine), 'topic')}, {plural(total, 'message')}")
         lines += [
-            f"  {t.name:<{width}}  {t.partitions:>3} partitions  {t.messages:>10,} messages"
+            f"  {t.name:<{width}}  {plural(t.partitions, 'partition'):>14}  "
+            f"{plural(t.messages, 'message'):>18}"
             for t in mine
         ]
     return "\n".join(lines)

@@ -90,7 +90,7 @@ def test_topics_list_and_delete_one_run(kafka, name, tmp_path):
 
     listed, _ = run_oracular("topics", "list", env=env, timeout=COMMAND_TIMEOUT_S)
     assert listed.returncode == 0, listed.stderr
-    assert f"{prefix}: 5 topic(s), 5 messages" in listed.stdout.splitlines()
+    assert f"{prefix}: 5 topics, 5 messages" in listed.stdout.splitlines()
     assert any(
         line.split()[:1] == [f"{prefix}.events"] and "5 messages" in line
         for line in listed.stdout.splitlines()

@@ -234,3 +234,14 @@ def test_topics_list_groups_internal_topics_with_their_app_id():
         f"demo-1-{STATE_TABLE}-changelog", "demo-1"
     )
     assert not belongs("demo-10.events", "demo-1")
+
+
+def test_topics_list_counts_in_words_that_agree_with_the_number():
+    from streams.tools.runs import TopicInfo, describe
+
+    text = describe([TopicInfo("r1.events", 1, 1), TopicInfo("r1.predictions", 8, 2_817)])
+    lines = text.splitlines()
+    assert lines[0] == "r1: 2 topics, 2,818 messages"
+    assert lines[1].split()[1:] == ["1", "partition", "1", "message"]
+    assert lines[2].split()[1:] == ["8", "partitions", "2,817", "messages"]
+    assert describe([TopicInfo("r2.events", 2, 0)]).splitlines()[0] == "r2: 1 topic, 0 messages"
