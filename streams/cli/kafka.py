@@ -881,6 +881,12 @@ def _add_query(commands: Any) -> None:
         help="a worker's API (ORACULAR_API_URL; default http://127.0.0.1:ORACULAR_API_PORT)",
     )
     query.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    add_flag(
+        query,
+        "app_id",
+        text="the app the worker must belong to: its answers must say it (default oracular; "
+        "env ORACULAR_APP_ID)",
+    )
     query.set_defaults(run=run_query)
 
 
@@ -890,7 +896,8 @@ def run_query(args: argparse.Namespace) -> int:
 
     from streams.lookup.query import QueryError, default_url, lookup, render
 
-    settings = command_settings(argparse.Namespace())  # ORACULAR_API_URL/_HOST/_PORT/_TOKEN
+    # ORACULAR_API_URL/_HOST/_PORT/_TOKEN, and --app-id over ORACULAR_APP_ID
+    settings = command_settings(argparse.Namespace(app_id=args.app_id))
     try:
         body = lookup(
             args.url or default_url(settings),

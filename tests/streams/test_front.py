@@ -870,10 +870,17 @@ async def test_every_answer_says_the_app_and_query_checks_it(
         err = capsys.readouterr().err
         assert code == 69 and "answered by app 'other-app', not app 'oracular'" in err, err
         assert len(err.strip().splitlines()) == 1
+        code = await asyncio.to_thread(
+            main, ["query", "u1", "--url", w.url, "--app-id", "other-app"]
+        )
+        out = capsys.readouterr().out
+        assert code == 0 and "app other-app" in out, out
         monkeypatch.setenv("ORACULAR_APP_ID", "other-app")
         code = await asyncio.to_thread(main, ["query", "u1", "--url", w.url])
         out = capsys.readouterr().out
         assert code == 0 and "app other-app" in out, out
+        code = await asyncio.to_thread(main, ["query", "u1", "--url", w.url, "--app-id", "x"])
+        assert code == 69 and "not app 'x'" in capsys.readouterr().err
     finally:
         await w.server.close()
 
