@@ -167,6 +167,12 @@ def _add_produce(commands: Any) -> None:
         help="shift times so the last event happens now (live timeouts)",
     )
     produce.add_argument("--quiet", action="store_true", help="no progress line or summary")
+    produce.add_argument(
+        "--force",
+        action="store_true",
+        help="send even when the input topic already holds messages (refused without it: a "
+        "worker that applied those would take these as late input)",
+    )
     input_arguments(produce)
     produce.set_defaults(run=run_produce)
 
@@ -624,7 +630,7 @@ def run_produce(args: argparse.Namespace) -> int:
     from schemas.files import EventFileError, file_format
     from streams.settings import BY_NAME
     from streams.tools.backfill import capture_range
-    from streams.tools.kafkatools import produce_events, read_events, run
+    from streams.tools.kafkatools import Acked, produce_events, read_events, run
     from streams.tools.pretty import plural
 
     settings = kafka_settings(args)
@@ -643,32 +649,51 @@ def run_produce(args: argparse.Namespace) -> int:
     client = settings.client_kwargs()
     _require_broker(settings, [topic])
     held = run(capture_range(settings.broker, topic, None, client)).total
-    prefix = topic.removesuffix(".events")
-    if prefix == BY_NAME["topic_prefix"].default:
-        prefix += " --yes"
-    if held:
+    if held and not args.force:
         # A second `produce --now` of the same file: its events are older than the first
         # one's, so a worker that applied those counts them late and behind its watermark.
-        print(
-            f"oracular produce: warning: {topic} already holds {held:,} messages — a worker "
-            "that applied them takes these as late input (a second `--now` copy of a file "
-            "lands behind the first in event time). To start over, use a new --topic-prefix "
-            "and app id (`make run` does), or stop the worker and run "
-            f"`oracular reset {settings.app_id}` and `oracular topics delete {prefix}`",
-            file=sys.stderr,
+        prefix = topic.removesuffix(".events")
+        if prefix == BY_NAME["topic_prefix"].default:
+            prefix += " --yes"
+        what = (
+            f"{topic} already holds {held:,} messages: a worker that applied them would take "
+            "these as late input (a second `--now` copy of a file lands behind the first in "
+            "event time); nothing sent"
         )
+        todo = (
+            "to add them anyway, pass --force; to start over, use a new --topic-prefix and app "
+            "id (`make run` does), or stop the worker and run `oracular reset APP_ID` (the "
+            f"worker's app id) and `oracular topics delete {prefix}`"
+        )
+        return fail("produce", what, todo, EXIT_REFUSED)
     progress = Progress("produce", enabled=not args.quiet)
     now = int(time.time() * 1000) if args.now else None
+    acked = Acked()
     sent = run(
-        produce_events(settings.broker, topic, events, now_ms=now, client=client, progress=progress)
+        produce_events(
+            settings.broker,
+            topic,
+            events,
+            now_ms=now,
+            client=client,
+            progress=progress,
+            acked=acked,
+        )
     )
     progress.close()
+    if sent is None:  # Ctrl-C: say how far it got, so a rerun can start there
+        what = (
+            f"interrupted: {acked.count:,} of {len(events):,} events were acknowledged by "
+            f"{topic} (the rest may or may not have been written)"
+        )
+        todo = "`oracular topics list` shows what the topic holds; --force sends to it again"
+        return fail("produce", what, todo, EXIT_REFUSED)
     if sent is not None and not args.quiet:
         print(
             f"produce: {plural(sent, 'event')} to {topic} on {settings.broker} ({skipped} skipped)",
             file=sys.stderr,
         )
-    return 0 if sent is not None else 1
+    return 0
 
 
 @kafka_command("tail")

@@ -47,6 +47,17 @@ def read_events(
     return events, len(lines) - len(events)
 
 
+@dataclass
+class Acked:
+    """How many sends the broker acknowledged."""
+
+    count: int = 0
+
+    def done(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.count += 1
+
+
 async def produce_events(
     bootstrap: str,
     topic: str,
@@ -55,8 +66,10 @@ async def produce_events(
     now_ms: int | None = None,
     client: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    acked: Acked | None = None,
 ) -> int:
-    """Send `events` to `topic` as msgpack, keyed by user (murmur2); returns how many.
+    """Send `events` to `topic` as msgpack, keyed by user (murmur2); returns how many. `acked`
+    counts those the broker acknowledged, as they are (what an interrupted run can say).
 
     With `now_ms`, times are shifted so the last event happens at `now_ms` (a demo then sees
     live timeouts); gaps between events are kept. The caller checked the broker and the topic
@@ -81,12 +94,14 @@ async def produce_events(
         for n, event in enumerate(events, start=1):
             shifted = dataclasses.replace(event, at=event.at + shift)
             # The record timestamp is the event time, so `backfill --since` finds it.
-            await producer.send(
+            future = await producer.send(
                 topic,
                 encode_event(shifted),
                 key=event.user.encode(),
                 timestamp_ms=event.at + shift,
             )
+            if acked is not None:
+                future.add_done_callback(acked.done)
             if progress is not None:
                 progress.advance(n)
         await producer.flush()

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -45,7 +46,9 @@ def _events(tmp_path: Path, n: int = 12) -> Path:
     return path
 
 
-def test_produce_warns_when_the_input_topic_already_holds_data(kafka, name, tmp_path):
+def test_produce_refuses_an_input_topic_that_already_holds_data_without_force(
+    kafka, name, tmp_path
+):
     prefix = name("p")
     env = _env(kafka, prefix, tmp_path)
     env.pop("ORACULAR_TOPIC_PREFIX")  # --topic-prefix instead
@@ -71,11 +74,22 @@ def test_produce_warns_when_the_input_topic_already_holds_data(kafka, name, tmp_
         env=env,
         timeout=COMMAND_TIMEOUT_S,
     )
-    assert again.returncode == 0, again.stderr
-    [warning] = [line for line in again.stderr.splitlines() if "warning" in line]
-    assert warning.startswith(
-        f"oracular produce: warning: {prefix}.events already holds 12 messages"
+    assert again.returncode == 1, again.stderr
+    [warning] = again.stderr.splitlines()
+    assert warning.startswith(f"oracular produce: {prefix}.events already holds 12 messages")
+    assert "nothing sent" in warning and "--force" in warning
+    assert "`oracular reset APP_ID` (the worker's app id)" in warning
+    forced, _ = run_oracular(
+        "produce",
+        str(events),
+        "--force",
+        "--topic-prefix",
+        prefix,
+        env=env,
+        timeout=COMMAND_TIMEOUT_S,
     )
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.splitlines()[-1].startswith(f"produce: 12 events to {prefix}.events")
     assert f"`oracular topics delete {prefix}`" in warning
 
 
@@ -279,3 +293,54 @@ async def test_tour_step_3_literally(kafka, request, faust_worker, tmp_path):
         "tail: 1,534 predictions (141 reveals: churn 48, invite 7, upgrade 86), "
     ), summary
     assert sum("episode closed" in line for line in lines) > 0
+
+
+def test_an_interrupted_produce_says_how_many_events_the_broker_acknowledged(kafka, name, tmp_path):
+    """Ctrl-C in the middle: exit 1 and one line with how far it got, no traceback."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    prefix = name("p")
+    env = _env(kafka, prefix, tmp_path)
+    asyncio.run(ensure_topics_async(kafka, list(product_topics(env))))
+    total = 400_000  # several seconds of sending: the interrupt lands in the middle
+    path = tmp_path / "big.jsonl"
+    with path.open("w") as f:
+        for i in range(total):
+            f.write(f'{{"user": "u{i % 997}", "name": "pricing.viewed", "ts": {TS + i}}}\n')
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "produce", str(path), "--quiet"],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    async def held() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(f"{prefix}.events", p) for p in range(2)]
+            return sum((await consumer.end_offsets(tps)).values())
+        finally:
+            await consumer.stop()
+
+    try:
+        deadline = time.monotonic() + RUN_START_TIMEOUT_S
+        while asyncio.run(held()) == 0:  # some sent: the interrupt lands while it sends
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "produce sent nothing"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=RUN_STOP_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == EXIT_REFUSED, err
+    assert "Traceback" not in err, err
+    [line] = err.splitlines()
+    assert line.startswith("oracular produce: interrupted: ") and f"of {total:,} events" in line
+    acknowledged = int(line.split("interrupted: ")[1].split(" of ")[0].replace(",", ""))
+    assert 0 < acknowledged < total
+    assert asyncio.run(held()) >= acknowledged
