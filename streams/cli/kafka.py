@@ -842,7 +842,10 @@ def run_reset(args: argparse.Namespace) -> int:
     from streams.tools.reset import execute_reset, plan_reset
 
     settings = kafka_settings(args)
-    datadir = Path(args.datadir) if args.datadir else Path("var") / "faust" / args.app_id
+    # --datadir, else ORACULAR_DATADIR, else the worker's default: var/faust/APP_ID under the
+    # directory the worker ran in (said in full, so a reset from elsewhere says where it looked)
+    datadir = Path(args.datadir) if args.datadir else settings.datadir
+    datadir = (datadir or Path("var") / "faust" / args.app_id).absolute()
     client = settings.client_kwargs()
     _require_broker(settings)
     plan = run(plan_reset(settings.broker, args.app_id, datadir, client))

@@ -42,13 +42,21 @@ class ResetPlan:
     """The local state directory, if it exists."""
     datadir_in_use: bool = False
     """A worker on this host holds the datadir's lock: a reset refuses then."""
+    looked_at: Path | None = None
+    """Where the local state was looked for."""
 
     def describe(self) -> str:
         """What will be (or would be) deleted, one line each."""
         lines = [f"reset {self.app_id}:"]
         lines += [f"  topic          {name}" for name in self.topics] or ["  topics         none"]
         lines.append(f"  consumer group {self.group or 'none (never committed)'}")
-        lines.append(f"  local state    {self.datadir or 'none'}")
+        if self.datadir is not None:
+            lines.append(f"  local state    {self.datadir}")
+        else:
+            lines.append(
+                f"  local state    none at {self.looked_at} (the worker's is under the directory "
+                "it ran in: run reset there, or pass --datadir)"
+            )
         return "\n".join(lines)
 
 
@@ -82,6 +90,7 @@ async def plan_reset(
         len(members) if known else 0,
         datadir if datadir.exists() else None,
         datadir.exists() and in_use(datadir),  # a worker runs on it, in whatever group
+        datadir,
     )
 
 

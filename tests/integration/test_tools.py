@@ -208,6 +208,14 @@ def test_reset_dry_run_then_delete(kafka, name, tmp_path):
     assert f"topic          {app_id}-oracular-state-changelog" in dry.stdout
     assert f"consumer group {app_id}" in dry.stdout and "dry run: nothing deleted" in dry.stdout
     assert datadir.is_dir()
+    # Without --datadir: ORACULAR_DATADIR; without that, var/faust/APP_ID where reset runs,
+    # said in full when there is nothing there (the worker's is under where it ran).
+    found = _oracular(env, "reset", app_id, "--dry-run", timeout=60)
+    assert f"local state    {datadir}" in found.stdout, found.stdout
+    elsewhere = {k: v for k, v in env.items() if k != "ORACULAR_DATADIR"}
+    missed = _oracular(elsewhere, "reset", app_id, "--dry-run", timeout=60)
+    looked = (REPO_ROOT / "var" / "faust" / app_id).absolute()
+    assert f"local state    none at {looked} (the worker's is under" in missed.stdout, missed.stdout
     gone = _oracular(env, "reset", app_id, "--datadir", str(datadir), timeout=60)
     assert gone.returncode == 0, gone.stderr
     assert not datadir.exists()
