@@ -396,7 +396,12 @@ def _corrected(
 def _string(obj: Mapping[str, Any], field: str) -> str:
     value = obj.get(field)
     if not isinstance(value, str) or not value:
-        msg = f"field {field!r} must be a non-empty string (got {_show(value)})"
+        if field not in obj:  # say what the message has: `event` for `name`, `userId`, ...
+            keys = [repr(k) for k in list(obj)[:8] if isinstance(k, str) and len(k) <= 64]
+            has = f" (the message has {', '.join(keys)})" if keys else ""
+            msg = f"field {field!r} is missing{has}"
+        else:
+            msg = f"field {field!r} must be a non-empty string (got {_show(value)})"
         raise DecodeError(msg)
     if len(value) > MAX_STRING:
         msg = f"field {field!r} is longer than {MAX_STRING} characters ({len(value)})"

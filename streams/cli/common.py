@@ -58,7 +58,15 @@ class Parser(argparse.ArgumentParser):
 INPUT_TODO = (
     "fix the file, or map its columns with --user-col/--event-col/--time-col (docs/tools.md)"
 )
-"""What to do about an events file that cannot be read as events."""
+"""What to do about a CSV events file that cannot be read as events."""
+
+
+def input_todo(fmt: str) -> str:
+    """What to do about an events file of format `fmt` that cannot be read as events: the
+    column flags only for a CSV."""
+    if fmt == "csv":
+        return INPUT_TODO
+    return "fix the file: docs/messages.md lists the fields of an event (user, name, ts)"
 
 
 def unreadable_input(path: Path) -> str | None:

@@ -17,13 +17,13 @@ from typing import Any, Final, TypeVar
 
 from schemas.config import load_config
 from streams.cli.common import (
-    INPUT_TODO,
     WORKER_SETTINGS,
     columns,
     command_settings,
     did_you_mean,
     fail,
     input_arguments,
+    input_todo,
     kafka_command,
     kafka_settings,
     non_negative_float,
@@ -641,7 +641,7 @@ def run_produce(args: argparse.Namespace) -> int:
     try:  # the file first: a bad one needs no broker to be told so
         events, skipped = read_events(path, file_format(path, args.format), columns(args))
     except EventFileError as exc:
-        return fail("produce", f"{path}: {exc}", INPUT_TODO)
+        return fail("produce", f"{path}: {exc}", input_todo(file_format(path, args.format)))
     if not events:
         what = f"{path}: no event to send ({skipped} line(s) skipped); nothing sent"
         return fail("produce", what, "give produce a file with events")

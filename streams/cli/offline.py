@@ -25,10 +25,10 @@ from schemas.files import (
 )
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
 from streams.cli.common import (
-    INPUT_TODO,
     columns,
     fail,
     input_arguments,
+    input_todo,
     time_flag,
     unreadable_input,
     writable_output,
@@ -189,11 +189,11 @@ def _sorted_events(args: argparse.Namespace, config: EngineConfig) -> list[Event
     if problem:
         fail(args.command, problem, "check the path")
         return None
+    fmt = file_format(path, args.format)
     try:
-        fmt = file_format(path, args.format)
         events = read_sorted_events(path, fmt, columns(args), config=config)
-    except EventFileError as exc:
-        fail(args.command, f"{path}: {exc}", INPUT_TODO)
+    except EventFileError as exc:  # its message names the file
+        fail(args.command, str(exc), input_todo(fmt))
         return None
     if not events:
         fail(args.command, f"{path} holds no event", f"give {args.command} a file with events")
@@ -251,7 +251,7 @@ def _replay(
         _feed(config_run, lines, out, _ProgressOf(handle, progress))
         _write(out, config_run.finish(END_OF_TIME if until is None else until))
     except EventFileError as exc:  # raised before any line: the file cannot be read at all
-        return fail("replay", f"{source}: {exc}", INPUT_TODO)
+        return fail("replay", f"{source}: {exc}", input_todo(file_format(source, args.format)))
     finally:
         if out is not sys.stdout:
             out.close()

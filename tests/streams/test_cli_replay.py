@@ -109,7 +109,7 @@ def test_bad_lines_are_dead_lettered_with_line_numbers_and_the_rest_applies(tmp_
     dlq = [m for m in messages if m["topic"] == "oracular.events.dlq"]
     assert [m["error"].split(":")[0] for m in dlq] == ["line 2", "line 3", "unknown intent 'nope'"]
     assert dlq[0]["value"] == "garbage"
-    assert "field 'name' must be a non-empty string" in dlq[1]["error"]
+    assert "field 'name' is missing" in dlq[1]["error"]
     summary = capsys.readouterr().err
     assert "applied 2" in summary and "ignored 1" in summary and "dead-lettered 3" in summary
 

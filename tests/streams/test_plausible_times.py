@@ -94,3 +94,22 @@ def test_a_replay_that_applied_nothing_exits_2_after_writing_its_dead_letters(tm
         and "no event was applied (2 dead-lettered" in err[-1]
     )
     assert len(out.read_text().splitlines()) == 2  # the dead letters, with why
+
+
+def test_jsonl_errors_name_the_file_once_give_jsonl_advice_and_the_missing_field(
+    tmp_path, capsys
+):
+    """`badtime.jsonl: badtime.jsonl: line 2` and the CSV column hint for a JSONL file, and
+    `got None` for a line that says `event` instead of `name`, were what a new user saw."""
+    path = tmp_path / "noname.jsonl"
+    path.write_text('{"user": "u1", "event": "a", "ts": 1767261600000}\n')
+    assert main(["evaluate", str(path), "--config", str(CONFIG)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.count(str(path)) == 1, line
+    assert "line 1: field 'name' is missing (the message has 'user', 'event', 'ts')" in line
+    assert "--user-col" not in line and "docs/messages.md" in line
+    csv = tmp_path / "e.csv"
+    csv.write_text("user,event,time\nu1,a,soon\n")
+    assert main(["evaluate", str(csv), "--config", str(CONFIG)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.count(str(csv)) == 1 and "--user-col" in line, line
