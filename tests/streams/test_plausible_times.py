@@ -96,9 +96,7 @@ def test_a_replay_that_applied_nothing_exits_2_after_writing_its_dead_letters(tm
     assert len(out.read_text().splitlines()) == 2  # the dead letters, with why
 
 
-def test_jsonl_errors_name_the_file_once_give_jsonl_advice_and_the_missing_field(
-    tmp_path, capsys
-):
+def test_jsonl_errors_name_the_file_once_give_jsonl_advice_and_the_missing_field(tmp_path, capsys):
     """`badtime.jsonl: badtime.jsonl: line 2` and the CSV column hint for a JSONL file, and
     `got None` for a line that says `event` instead of `name`, were what a new user saw."""
     path = tmp_path / "noname.jsonl"
