@@ -62,7 +62,8 @@ def _add_worker(commands: Any) -> None:
         help="run the stream processor (a Faust worker) against Kafka",
         description="Consume oracular.events, keep each user's engine state in RocksDB, close "
         "idle episodes on a timer, and publish predictions and closed episodes. "
-        "Every flag has an ORACULAR_* environment variable (docs/operations.md).",
+        "Each setting flag names its ORACULAR_* environment variable (docs/operations.md); "
+        "--loglevel, --no-create-topics and --processes have none.",
         epilog="examples:\n"
         "  oracular worker --config examples/oracular.yaml\n"
         "  oracular worker --config cfg.yaml --broker kafka-1:9092 --app-id oracular-prod\n"
@@ -71,11 +72,13 @@ def _add_worker(commands: Any) -> None:
     )
     for name in ("config_path", *WORKER_SETTINGS):
         add_flag(worker, name)
-    worker.add_argument("--loglevel", default="info", help="Faust log level (default info)")
+    worker.add_argument(
+        "--loglevel", default="info", help="Faust log level (default info; no env variable)"
+    )
     worker.add_argument(
         "--no-create-topics",
         action="store_true",
-        help="fail instead of creating missing product topics",
+        help="fail instead of creating missing product topics (no env variable)",
     )
     worker.add_argument(
         "--processes",
@@ -83,7 +86,7 @@ def _add_worker(commands: Any) -> None:
         default=1,
         metavar="N",
         help="run N worker processes of this app id (one core each; datadir DATADIR/p<i>, "
-        "ports +i; at most the partition count is useful)",
+        "ports +i; at most the partition count is useful; no env variable)",
     )
     worker.set_defaults(run=run_worker)
 
@@ -112,25 +115,32 @@ def _add_backfill(commands: Any) -> None:
     for name in WORKER_SETTINGS:
         if name != "app_id":
             add_flag(backfill, name)
-    add_flag(backfill, "app_id", text="a fresh app id (default: <app id>-backfill-<UTC time>)")
+    add_flag(
+        backfill,
+        "app_id",
+        text="a fresh app id (default: <app id>-backfill-<UTC time>, <app id> from "
+        "ORACULAR_APP_ID)",
+    )
     backfill.add_argument(
         "--since",
         help="start at the first record whose Kafka timestamp is at or after this time "
-        "(epoch ms or ISO-8601) instead of the beginning",
+        "(epoch ms or ISO-8601) instead of the beginning (no env variable)",
     )
     backfill.add_argument(
         "--output-suffix",
         default="",
-        help="publish to <output topic><suffix> instead of the normal outputs",
+        help="publish to <output topic><suffix> instead of the normal outputs (no env variable)",
     )
-    backfill.add_argument("--loglevel", default="warning", help="Faust log level (warning)")
+    backfill.add_argument(
+        "--loglevel", default="warning", help="Faust log level (warning; no env variable)"
+    )
     backfill.add_argument(
         "--processes",
         type=int,
         default=1,
         metavar="N",
         help="run N processes of the backfill's app id (one core each; datadir DATADIR/p<i>; "
-        "at most the partition count)",
+        "at most the partition count; no env variable)",
     )
     # One process of a parallel backfill: the range its parent captured (JSON). Internal.
     backfill.add_argument("--part-of", help=argparse.SUPPRESS)

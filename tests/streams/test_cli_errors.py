@@ -7,6 +7,7 @@ connection is answered at once; the bound below is only a guard against a hang).
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -387,3 +388,24 @@ def test_query_of_a_user_with_no_input_yet_prints_no_offset_none():
     out = io.StringIO()
     render(body, out)
     assert "partition 3 (no input yet)" in out.getvalue() and "None" not in out.getvalue()
+
+
+@pytest.mark.parametrize("command", ["worker", "backfill"])
+def test_every_flag_of_the_long_running_commands_names_its_variable_or_says_it_has_none(command):
+    """`worker --help` said every flag had an ORACULAR_* variable; three had none."""
+    from streams.cli import _parser
+
+    parser = _parser()
+    sub = next(
+        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    ).choices[command]
+    missing = [
+        action.option_strings[-1]
+        for action in sub._actions
+        if action.option_strings
+        and action.help != argparse.SUPPRESS
+        and "-h" not in action.option_strings
+        and "ORACULAR_" not in (action.help or "")
+        and "no env variable" not in (action.help or "")
+    ]
+    assert missing == []
