@@ -259,8 +259,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("api_max_connections", "ORACULAR_API_MAX_CONNECTIONS", int, None,
             "open API connections at most; at the cap a new one closes the least recently "
             "active connection idle for 0.5 s, or gets a 503 (as many refused ones linger "
-            "0.25 s at most). At most a quarter of the open-file limit (`ulimit -n`), so the "
-            "API holds about half of it at most: the rest is RocksDB's and Kafka's",
+            "0.25 s at most). At most a quarter of the open-file limit (`ulimit -n`); the API "
+            "stops accepting at 1.5 times the cap, so it holds three eighths of the limit at "
+            "most: the rest is RocksDB's and Kafka's",
             shown="the smaller of 1000 and a quarter of the open-file limit"),
     Setting("api_max_body_bytes", "ORACULAR_API_MAX_BODY_BYTES", int, 512 * 1024,
             "largest request body; a larger one, declared or sent, is a 413 before it is read"),
