@@ -148,12 +148,13 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     (
         "Process: open files, memory, CPU",
         "short",
-        "Each worker process's open file descriptors (a connection flood shows here first), "
-        "resident memory (MiB) and CPU (cores).",
+        "Each worker's process and its lookup API's (the `process` label) open file "
+        "descriptors (a connection flood shows in the API's first), resident memory (MiB) and "
+        "CPU (cores).",
         [
-            ("{{instance}} open fds", f"process_open_fds{{{SEL}}}"),
-            ("{{instance}} RSS MiB", f"process_resident_memory_bytes{{{SEL}}} / 2^20"),
-            ("{{instance}} cores", f"rate(process_cpu_seconds_total{{{SEL}}}[{RATE}])"),
+            ("{{instance}} {{process}} open fds", f"process_open_fds{{{SEL}}}"),
+            ("{{instance}} {{process}} RSS MiB", f"process_resident_memory_bytes{{{SEL}}} / 2^20"),
+            ("{{instance}} {{process}} cores", f"rate(process_cpu_seconds_total{{{SEL}}}[{RATE}])"),
         ],
     ),
 ]

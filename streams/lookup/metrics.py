@@ -6,7 +6,8 @@ added to `Processor.counts` show up without a change here. `render` hands the fa
 prometheus-client's exposition (the Prometheus text format, or OpenMetrics) together with its
 process, platform and garbage-collector collectors: `process_cpu_seconds_total`,
 `process_resident_memory_bytes`, `process_open_fds`, `process_max_fds`,
-`process_start_time_seconds`, `python_gc_*`, `python_info`.
+`process_start_time_seconds` (each with `process="worker"` for the worker's process and, from
+the API's own process, `process="api"` for that one), `python_gc_*`, `python_info`.
 
 Each worker process serves its own `/metrics` on its own API port (`--processes N`: the API port
 plus i for process i), so a scrape of every port sees every process (docs/operations.md).
@@ -257,10 +258,38 @@ def _bound(value: float) -> str:
 
 
 _PROCESS: Final = CollectorRegistry(auto_describe=False)
-"""This process's own metrics (prometheus-client's collectors, in a registry of their own)."""
-ProcessCollector(registry=_PROCESS)
+"""This process's platform and garbage-collector metrics (prometheus-client's collectors, in
+a registry of their own)."""
 PlatformCollector(registry=_PROCESS)
 GCCollector(registry=_PROCESS)
+
+_PROCESSES: dict[str, int | str] = {"worker": "self"}
+"""Whose `process_*` series `/metrics` shows, by the `process` label they carry: the worker's
+(this process, unless `serve_for_worker` said otherwise) and, in the API's own process, the
+API's too. Before the label, the API process's own series stood for the worker's: the RSS the
+dashboard showed was the API's 67 MB, not the worker's."""
+
+
+def serve_for_worker(worker_pid: int) -> None:
+    """In the API's process: `process_*{process="worker"}` is the worker's (`worker_pid`), and
+    `process_*{process="api"}` this process's."""
+    _PROCESSES.clear()
+    _PROCESSES.update({"worker": worker_pid, "api": "self"})
+
+
+def _process_metrics() -> Iterable[Metric]:
+    """prometheus-client's process metrics of each process, one family per name, which one a
+    `process` label (a process that is gone has none)."""
+    merged: dict[str, Metric] = {}
+    for process, pid in _PROCESSES.items():
+        collector = ProcessCollector(pid=lambda pid=pid: pid, registry=None)  # type: ignore[misc]
+        for metric in collector.collect():
+            into = merged.setdefault(
+                metric.name, Metric(metric.name, metric.documentation, metric.type)
+            )
+            for sample in metric.samples:
+                into.add_sample(sample.name, {**sample.labels, "process": process}, sample.value)
+    return merged.values()
 
 
 @dataclass
@@ -277,6 +306,7 @@ class _Collected:
                 seen.add(family.name)
                 yield family.metric()
         if self.process:
+            yield from _process_metrics()
             yield from _PROCESS.collect()
 
 

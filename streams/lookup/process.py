@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 
 from streams.lookup import api as api_module
 from streams.lookup.front import serve
+from streams.lookup.metrics import serve_for_worker
 from streams.lookup.replica import (
     APPEND,
     APPEND_TIMEOUT_S,
@@ -143,6 +145,7 @@ def main(argv: list[str]) -> int:
     # process group must not take the API down before the worker (which would restart it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve_for_worker(os.getppid())  # /metrics: the worker's process_* series, and this one's
     listen = socket.socket(fileno=int(argv[0]))
     sock = socket.socket(fileno=int(argv[1]))
     with contextlib.suppress(ImportError):

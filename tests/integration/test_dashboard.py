@@ -79,3 +79,10 @@ async def test_every_metric_of_the_dashboard_and_the_alerts_is_scraped(
     }
     assert not missing, f"not on the worker's /metrics: {missing}"
     assert "process_open_fds" in scraped and "oracular_inputs_total" in scraped
+    # The worker's process and its lookup API's, told apart (the API's stood for the worker's).
+    started = {
+        line.split('process="')[1].split('"')[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("process_start_time_seconds{")
+    }
+    assert set(started) == {"worker", "api"} and started["worker"] <= started["api"], started

@@ -640,7 +640,7 @@ def test_metrics_come_with_the_process_metrics_and_speak_openmetrics_too() -> No
     families = [*metrics.families(), Family("oracular_odd", "counter", "No _total.").add(1)]
     text = render(families)
     for name in ("process_open_fds", "process_resident_memory_bytes", "process_cpu_seconds_total"):
-        assert any(line.startswith(f"{name} ") for line in text.splitlines()), name
+        assert any(line.startswith(f'{name}{{process="worker"}} ') for line in text.splitlines())
     assert 'oracular_lookups_total{endpoint="user",status="found"} 1.0' in text
     assert "# TYPE oracular_lookups_total counter" in text
     assert "# TYPE oracular_odd untyped" in text  # not claimed a counter without _total
