@@ -427,6 +427,16 @@ def _optional_string(obj: Mapping[str, Any], field: str) -> str | None:
     return value
 
 
+def parse_time(value: object, field: str) -> int:
+    """A time as the inputs give it (epoch ms, or an ISO-8601 string; naive = UTC) in epoch ms:
+    what a flag (`--until`, `--at`) or the lookup API's `at` take too.
+
+    Raises:
+        DecodeError: neither, or out of range; the text names `field`.
+    """
+    return _time(value, field, None)
+
+
 def _time(value: object, field: str, fallback: int | None) -> int:
     """Epoch ms from an int, an integral float, or an ISO-8601 string (naive = UTC)."""
     if value is None:

@@ -236,13 +236,12 @@ def time_flag(value: str | None, flag: str) -> int | None:
     Raises:
         ValueError: neither, or out of range; the text names the flag.
     """
-    from schemas.events import DecodeError
-    from schemas.events import _time as parse_time
+    from schemas.events import DecodeError, parse_time
 
     if value is None:
         return None
     try:
-        return parse_time(int(value) if value.isdigit() else value, flag, None)
+        return parse_time(int(value) if value.isdigit() else value, flag)
     except DecodeError as exc:
         raise ValueError(str(exc).replace(f"field {flag!r}", flag)) from exc
 

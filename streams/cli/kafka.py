@@ -896,10 +896,11 @@ def run_reset(args: argparse.Namespace) -> int:
 def _add_query(commands: Any) -> None:
     query = commands.add_parser(
         "query",
-        help="look a user up through a worker's API (predictions now, reveal, cooldown)",
+        help="look a user up through a worker's API (predictions, reveal decisions, cooldowns), "
+        "or post that the app revealed a prompt",
         description="Ask any worker's lookup API (docs/serving.md) for a user's predictions, "
         "computed at request time; a worker that does not own the user forwards to the "
-        "owner. The bearer token is read from ORACULAR_API_TOKEN.",
+        "owner. The bearer token is read from ORACULAR_API_TOKEN or ORACULAR_API_TOKEN_FILE.",
         epilog="examples:\n  oracular query user-00016\n"
         "  oracular query user-00016 --intent upgrade --explain\n"
         "  oracular query u1 --url http://worker-2:6067 --stale --json",
@@ -919,6 +920,12 @@ def _add_query(commands: Any) -> None:
         help="a worker's API (ORACULAR_API_URL; default http://127.0.0.1:ORACULAR_API_PORT)",
     )
     query.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    query.add_argument(
+        "--revealed",
+        metavar="INTENT",
+        help="instead of a lookup, say the app showed INTENT's prompt to the user now (or at "
+        "--at): POST /v1/users/USER/revealed, which starts the intent's cooldown",
+    )
     add_flag(
         query,
         "app_id",
@@ -932,13 +939,35 @@ def run_query(args: argparse.Namespace) -> int:
     """`oracular query USER`: one lookup, printed readably (or as JSON)."""
     import json
 
-    from streams.lookup.query import QueryError, default_url, lookup, render
+    from streams.lookup.query import QueryError, default_url, lookup, render, reveal
 
     # ORACULAR_API_URL/_HOST/_PORT/_TOKEN, and --app-id over ORACULAR_APP_ID
     settings = command_settings(argparse.Namespace(app_id=args.app_id))
+    url = args.url or default_url(settings)
     try:
+        if args.revealed is not None:
+            body = reveal(
+                url,
+                args.user,
+                args.revealed,
+                ts=args.at,
+                token=settings.api_token,
+                cafile=settings.api_tls_cafile,
+                app_id=settings.app_id,
+            )
+            command = body["command"]
+            where = f"{body['topic']} partition {body['partition']} offset {body['offset']}"
+            print(
+                json.dumps(body, indent=2)
+                if args.json
+                else (
+                    f"reveal of {command['intent']} for {command['user']} at {command['ts']} "
+                    f"accepted: command {command['id']} appended to {where}"
+                )
+            )
+            return 0
         body = lookup(
-            args.url or default_url(settings),
+            url,
             args.user,
             intent=args.intent,
             explain=args.explain,

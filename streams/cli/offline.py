@@ -131,9 +131,9 @@ def _add_tune(commands: Any) -> None:
     tune.add_argument(
         "--evaluate",
         action="store_true",
-        help="also replay the events with the suggested weights (as suggested, and scaled to "
-        "the config's total |weight|) and compare AUC, Brier, reveals, precision and recall "
-        "with the config's",
+        help="also replay the events with the suggested weights, as suggested and times the "
+        "factor (0.5, 0.75, ..., 3) with the lowest Brier score (`fitted xF`), and compare "
+        "AUC, Brier, reveals, precision and recall with the config's (docs/tools.md)",
     )
     tune.set_defaults(run=run_tune)
 

@@ -31,6 +31,9 @@ class QueryError(Exception):
     code: int
 
 
+TODO_4XX = "check the user, the intent and --at"
+
+
 def default_url(settings: Settings) -> str:
     """ORACULAR_API_URL, else the local worker's API (ORACULAR_API_HOST, ORACULAR_API_PORT)."""
     if settings.api_url:
@@ -62,18 +65,63 @@ def lookup(
         QueryError: the API refused (its error message), could not be reached, or is another
             app's than `app_id` (its answers' X-Oracular-App header).
     """
-    if user in (".", ".."):  # HTTP drops such path segments: the request would miss the user
-        what = f"user id {user!r} cannot be named in a URL path"
-        raise QueryError(what, "ask POST /v1/lookup for it", EXIT_USAGE)
-    path = "/v1/users/" + urllib.parse.quote(user, safe="")
+    path = _user_path(user)
     if intent is not None:
         path += "/intents/" + urllib.parse.quote(intent, safe="")
-    query = {k: v for k, v in (("explain", explain), ("stale", stale)) if v}
-    params = {k: "true" for k in query}
+    params = {k: "true" for k, v in (("explain", explain), ("stale", stale)) if v}
     if at is not None:
         params["at"] = str(at)
     full = url.rstrip("/") + path + ("?" + urllib.parse.urlencode(params) if params else "")
     request = urllib.request.Request(full, headers={"Accept": "application/json"})
+    return _ask(request, token, cafile, app_id, timeout_s, todo_4xx=TODO_4XX)
+
+
+def reveal(
+    url: str,
+    user: str,
+    intent: str,
+    *,
+    ts: int | None = None,
+    token: str | None = None,
+    cafile: Path | None = None,
+    app_id: str | None = None,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """POST /v1/users/{user}/revealed (the app showed `intent`'s prompt): the 202 answer, with
+    the command appended to the input topic and where.
+
+    Raises:
+        QueryError: as `lookup`.
+    """
+    full = url.rstrip("/") + _user_path(user) + "/revealed"
+    body = {"intent": intent} if ts is None else {"intent": intent, "ts": ts}
+    request = urllib.request.Request(
+        full,
+        data=json.dumps(body).encode(),
+        headers={"Accept": "application/json", "Content-Type": "application/json"},
+        method="POST",
+    )
+    return _ask(request, token, cafile, app_id, timeout_s, todo_4xx=TODO_4XX)
+
+
+def _user_path(user: str) -> str:
+    if user in (".", ".."):  # HTTP drops such path segments: the request would miss the user
+        what = f"user id {user!r} cannot be named in a URL path"
+        raise QueryError(what, "ask POST /v1/lookup for it", EXIT_USAGE)
+    return "/v1/users/" + urllib.parse.quote(user, safe="")
+
+
+def _ask(
+    request: urllib.request.Request,
+    token: str | None,
+    cafile: Path | None,
+    app_id: str | None,
+    timeout_s: float,
+    *,
+    todo_4xx: str,
+) -> dict[str, Any]:
+    """Send `request` (with the token); its JSON answer, or a QueryError saying what to do."""
+    full = request.full_url
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -89,7 +137,7 @@ def lookup(
         except (ValueError, AttributeError):
             detail = exc.reason
         code = EXIT_UNAVAILABLE if exc.code in (502, 503, 504) else EXIT_USAGE
-        todo = "check the user, the intent and --at"
+        todo = todo_4xx
         if exc.code == 401:
             todo = "set ORACULAR_API_TOKEN (or ORACULAR_API_TOKEN_FILE) to the workers' token"
         elif exc.code in (503, 504):

@@ -29,6 +29,7 @@ from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.episodes import clamp_time
 from engine.predict import predict_read
 from engine.state import Reading
+from schemas.events import DecodeError, parse_time
 from schemas.stored import decode_reading, decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
@@ -153,17 +154,25 @@ _EPOCH_MS: Final = re.compile(r"-?[0-9]{1,19}")
 
 
 def parse_at(raw: object, now_ms: int) -> int:
-    """The read time: `?at=` epoch milliseconds, else now."""
+    """The read time: `?at=` (or a batch's `at`) epoch milliseconds or an ISO-8601 time (as
+    `oracular query --at` and the inputs take), else now."""
     if raw is None:
         return now_ms
     if isinstance(raw, bool):
-        raise ApiError(400, "at must be epoch milliseconds (an integer)")
+        raise ApiError(400, "at must be epoch milliseconds (an integer) or an ISO-8601 time")
     if isinstance(raw, int):
         at = raw
     elif isinstance(raw, str) and _EPOCH_MS.fullmatch(raw):
         at = int(raw)
+    elif isinstance(raw, str) and raw[:1].isdigit():
+        try:
+            at = parse_time(raw, "at")
+        except DecodeError:
+            msg = f"at must be epoch milliseconds or an ISO-8601 time (got {raw[:32]!r})"
+            raise ApiError(400, msg) from None
     else:
-        raise ApiError(400, f"at must be epoch milliseconds (got {str(raw)[:32]!r})")
+        msg = f"at must be epoch milliseconds or an ISO-8601 time (got {str(raw)[:32]!r})"
+        raise ApiError(400, msg)
     if not MIN_TIME_MS <= at <= MAX_TIME_MS:
         msg = f"at must be epoch milliseconds from {MIN_TIME_MS} to {MAX_TIME_MS} (got {at})"
         raise ApiError(400, msg)

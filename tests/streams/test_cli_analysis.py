@@ -114,3 +114,15 @@ def test_evaluate_json_and_plot(tmp_path, config, capsys):
     [score] = json.loads(capsys.readouterr().out)
     assert score["intent"] == "x" and score["predictions"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_evaluate_help_says_what_the_docs_and_the_code_do(capsys):
+    """The help said "scaled to the config's total |weight|"; the code and the docs use the
+    factor of engine.tune.SCALES with the lowest Brier score."""
+    from engine.tune import SCALES
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "total |weight|" not in text
+    assert f"factor ({SCALES[0]:g}, {SCALES[1]:g}, ..., {SCALES[-1]:g}) with the lowest" in text

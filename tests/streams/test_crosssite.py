@@ -246,3 +246,18 @@ async def test_processing_goes_on_while_pages_attack(open_worker):
     status, _, _ = await send(w, req(w, "GET", "/v1/users/u1"))
     assert status == 200
     assert w.node.appended == []
+
+
+async def test_at_takes_iso_8601_as_oracular_query_does(open_worker):
+    """`query --at` took ISO-8601 and the API digits only; both take both now."""
+    w = open_worker
+    for at in ("1767261600000", "2026-01-01T10:00:00Z"):
+        status, _, body = await send(w, req(w, "GET", f"/v1/users/u1?at={at}"))
+        assert status == 200 and body["at"] == 1_767_261_600_000, body
+        batch = json.dumps({"users": ["u1"], "at": at}).encode()
+        headers = {"Content-Type": "application/json"}
+        status, _, body = await send(w, req(w, "POST", "/v1/lookup", batch, headers=headers))
+        assert status == 200 and body["at"] == 1_767_261_600_000, body
+    for bad in ("soon", "2026-13-01T00:00:00Z", "-5", "1e3"):
+        status, _, body = await send(w, req(w, "GET", f"/v1/users/u1?at={bad}"))
+        assert status == 400 and "at must be" in body["error"], body

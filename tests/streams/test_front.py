@@ -996,3 +996,39 @@ async def test_a_large_answer_from_the_owner_is_read_whole(config: Any, owner: F
         assert status == 200 and [r["user"] for r in answer["results"]] == users
     finally:
         await w.server.close()
+
+
+async def test_query_posts_a_reveal_and_reads_the_token_file(
+    worker: Worker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`oracular query USER --revealed INTENT` posts the reveal (it could only read before),
+    with the token from ORACULAR_API_TOKEN_FILE; the cooldown then shows in a lookup."""
+    from streams.cli import main
+
+    for var in ("ORACULAR_APP_ID", "ORACULAR_API_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    monkeypatch.setenv("ORACULAR_API_TOKEN_FILE", str(token))
+    argv = [
+        "query",
+        "u1",
+        "--url",
+        worker.url,
+        "--revealed",
+        "upgrade",
+        "--at",
+        "2026-01-01T10:00:00Z",
+    ]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("reveal of upgrade for u1 at 1767261600000 accepted: command api-"), out
+    [(key, value, _)] = worker.node.appended
+    assert key == b"u1" and b"revealed" in value
+    monkeypatch.delenv("ORACULAR_API_TOKEN_FILE")
+    assert await asyncio.to_thread(main, argv) == 2  # no token: 401, said what to set
+    assert "ORACULAR_API_TOKEN_FILE" in capsys.readouterr().err
+    argv = ["query", "u1", "--url", worker.url, "--revealed", "teleport"]
+    monkeypatch.setenv("ORACULAR_API_TOKEN", TOKEN)
+    assert await asyncio.to_thread(main, argv) == 2  # an undeclared intent: 400, one line
+    assert len(worker.node.appended) == 1
