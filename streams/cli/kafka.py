@@ -70,7 +70,14 @@ def _add_worker(commands: Any) -> None:
         "  ORACULAR_PARTITIONS=16 oracular worker --config cfg.yaml --datadir /data/w1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for name in ("config_path", *WORKER_SETTINGS):
+    add_flag(
+        worker,
+        "config_path",
+        text="the engine config, YAML or JSON (docs/configuration.md); required unless "
+        "ORACULAR_CONFIG is set (env ORACULAR_CONFIG; the demo's, examples/oracular.yaml, is "
+        "what `make run` runs)",
+    )
+    for name in WORKER_SETTINGS:
         add_flag(worker, name)
     worker.add_argument(
         "--loglevel", default="info", help="Faust log level (default info; no env variable)"
@@ -410,6 +417,15 @@ def run_worker(args: argparse.Namespace) -> int:
     from streams.tools.admin import prepare_deployment
 
     settings = command_settings(args)
+    if args.config_path is None and not os.environ.get("ORACULAR_CONFIG"):
+        # Never the demo's config by accident: a production worker would learn and publish
+        # with the example's intents and weights.
+        return fail(
+            "worker",
+            "no engine config given",
+            "pass --config FILE or set ORACULAR_CONFIG (examples/oracular.yaml is the demo's; "
+            "`make run` runs it)",
+        )
     config = load_config(settings.config_path)
     asyncio.run(prepare_deployment(settings, create=not args.no_create_topics))
     if args.processes > 1:

@@ -409,3 +409,14 @@ def test_every_flag_of_the_long_running_commands_names_its_variable_or_says_it_h
         and "no env variable" not in (action.help or "")
     ]
     assert missing == []
+
+
+def test_the_worker_refuses_to_start_without_a_config(monkeypatch, capsys):
+    """It ran the demo's config silently, even in production; `make run` passes it."""
+    from streams.cli import main
+
+    monkeypatch.delenv("ORACULAR_CONFIG", raising=False)
+    assert main(["worker", "--broker", "127.0.0.1:1"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("oracular worker: no engine config given — pass --config FILE")
+    assert "run.sh" not in line and "ORACULAR_CONFIG" in line
