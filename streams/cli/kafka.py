@@ -933,7 +933,9 @@ def _add_query(commands: Any) -> None:
     query.add_argument("--stale", action="store_true", help="accept a standby replica's copy")
     query.add_argument(
         "--url",
-        help="a worker's API (ORACULAR_API_URL; default http://127.0.0.1:ORACULAR_API_PORT)",
+        help="a worker's API (ORACULAR_API_URL; default: the URL the app's local worker wrote "
+        "in its datadir, DATADIR/api-url, which has the free port it took when 6067 was "
+        "taken; else http://127.0.0.1:ORACULAR_API_PORT)",
     )
     query.add_argument("--json", action="store_true", help="print the raw JSON answer")
     query.add_argument(

@@ -40,6 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn, Protocol, get_args
 
 import msgpack
@@ -62,6 +63,7 @@ from streams.lookup.metrics import (
     processor_families,
     render,
 )
+from streams.lookup.query import API_URL_FILE
 from streams.lookup.replica import ChildArgs, Feed
 from streams.lookup.serving import (
     FORWARDED_HEADER,
@@ -1049,9 +1051,12 @@ class ApiService(Service):
     Started before the consumer joins the group, so `/livez` and `/readyz` answer during
     start-up and recovery (partitions not yet copied to the API process are settling)."""
 
-    def __init__(self, app: Any, feed: Feed, url: str, sock: socket.socket) -> None:
+    def __init__(
+        self, app: Any, feed: Feed, url: str, sock: socket.socket, datadir: Path | None = None
+    ) -> None:
         super().__init__()
         self.app, self.feed, self.url, self.sock = app, feed, url, sock
+        self.url_file = None if datadir is None else datadir / API_URL_FILE
 
     async def on_start(self) -> None:
         # Before the consumer joins: a `faust worker --web-port` must not change the URL the
@@ -1063,6 +1068,12 @@ class ApiService(Service):
         log.info(
             "oracular lookup API on %s:%s, advertised to other workers as %s", host, port, self.url
         )
+        if self.url_file is not None:  # `oracular query` finds it there (a free port too)
+            with contextlib.suppress(OSError):
+                self.url_file.parent.mkdir(parents=True, exist_ok=True)
+                partial = self.url_file.with_suffix(".partial")
+                partial.write_text(self.url + "\n")
+                partial.replace(self.url_file)
         log.info(
             "lookup API process: %s%s",
             self.feed.process.pid if self.feed.process else "?",
@@ -1071,6 +1082,9 @@ class ApiService(Service):
 
     async def on_stop(self) -> None:
         await self.feed.stop()
+        if self.url_file is not None:
+            with contextlib.suppress(OSError):
+                self.url_file.unlink()
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -1263,7 +1277,7 @@ def install_serving(app: Any, runtime: Any, settings: Settings) -> Feed:
     metrics = Metrics()
     feed = Feed(args, sock, node, metrics)
     runtime.watch_writes(feed.written)
-    app.add_dependency(ApiService(app, feed, url, sock))
+    app.add_dependency(ApiService(app, feed, url, sock, settings.state_dir))
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator]
     async def assigned(sender: Any, *_: Any, **__: Any) -> None:

@@ -34,10 +34,23 @@ class QueryError(Exception):
 TODO_4XX = "check the user, the intent and --at"
 
 
+API_URL_FILE = "api-url"
+"""The file in a worker's datadir that holds its API's URL while it runs."""
+
+
 def default_url(settings: Settings) -> str:
-    """ORACULAR_API_URL, else the local worker's API (ORACULAR_API_HOST, ORACULAR_API_PORT)."""
+    """ORACULAR_API_URL; else, with ORACULAR_API_PORT unset, the URL the app's local worker
+    wrote in its datadir (the free port it took when 6067 was another's); else the local
+    worker's API by ORACULAR_API_HOST and ORACULAR_API_PORT."""
     if settings.api_url:
         return settings.api_url.rstrip("/")
+    if settings.api_port is None:
+        try:
+            written = (settings.state_dir / API_URL_FILE).read_text().strip()
+        except OSError:
+            written = ""
+        if written.startswith(("http://", "https://")):
+            return written.rstrip("/")
     port = DEFAULT_API_PORT if settings.api_port is None else settings.api_port
     host = settings.api_host
     if host in ("0.0.0.0", "::"):

@@ -9,6 +9,7 @@ is bounded by a named timeout and polls a condition.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -23,8 +24,10 @@ import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from engine import EngineConfig, EngineState, Event, Replayer, predict, timeout_deadline
+from infra.broker import REPO_ROOT
 from infra.processes import thread_cpus
 from streams.lookup.serving import partition_for
+from tests.cli import run_oracular
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker
@@ -443,7 +446,18 @@ async def test_a_reveal_posted_through_the_api_suppresses_and_is_replayed(
         want.reveal,
         want.suppressed_until,
     )
+    # `oracular query` without --url finds the worker's free port in its datadir.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORACULAR_")}
+    env.update(ORACULAR_APP_ID=dep.app_id, ORACULAR_DATADIR=str(worker.datadir))
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    found, _ = await asyncio.to_thread(
+        run_oracular, "query", user, "--json", env=env, timeout=HTTP_TIMEOUT_S * 3
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["user"] == user
+    assert (worker.datadir / "api-url").read_text().strip() == url
     assert worker.stop() == 0
+    assert not (worker.datadir / "api-url").exists()  # a clean stop takes it away
 
 
 async def test_stale_reads_come_from_the_standby_copy(
