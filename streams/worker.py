@@ -23,6 +23,11 @@ def create_worker(settings: Settings, config: EngineConfig) -> faust.App:
     (streams/lookup/api.py). A backfill runs the runtime alone (`create_runtime`)."""
     runtime = create_runtime(settings, config)
     install_serving(runtime.app, runtime, settings)
+
+    @runtime.app.task
+    async def log_settings() -> None:  # once Faust's logging is set up, whoever started it
+        log.info("oracular worker settings:\n%s", describe(settings))
+
     return runtime.app
 
 
@@ -30,7 +35,6 @@ def app_from_env() -> faust.App:
     """The app `faust -A streams.worker` runs: settings from ORACULAR_*."""
     settings = settings_from_env()
     config = load_config(settings.config_path)
-    log.info("oracular worker settings:\n%s", describe(settings))
     return create_worker(settings, config)
 
 

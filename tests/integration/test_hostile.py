@@ -340,6 +340,9 @@ async def attack_a_worker(
     print(f"\nattacks on {api.url} (worker limited to {WORKER_FILES} open files):\n{text}")
     log = worker.log_text()
     worker.stop()
+    # The settings are logged at start (docs/operations.md), the token never.
+    assert "oracular worker settings:" in log and "api_host = 127.0.0.1" in log
+    assert TOKEN not in log
     for name, seen, lookup, _, ready, applied, _ in table:
         assert lookup == 200 and ready == 200, f"{name}: {text}"
         assert applied > 0, f"{name}: no input applied during the attack:\n{text}"
