@@ -85,6 +85,7 @@ EOF
    see them again:  $ORACULAR tail --pretty --from-beginning --topic-prefix $RUN_ID --idle 5
    forget the run:  $ORACULAR reset $RUN_ID && $ORACULAR topics delete $RUN_ID
                     (its state, then its topics; \`make clean\` deletes every run's)
+   the broker:      still running at $ORACULAR_BROKER (\`make broker-down\` stops it)
 EOF
 }
 trap finish EXIT

@@ -253,6 +253,7 @@ def test_make_run_stops_the_tail_and_the_worker_on_sigint(run_sh, whom):
     assert "predictions" in tally
     run_sh.wait_for("== summary of run", 1.0)
     run_sh.wait_for("inputs:       30 messages", 1.0)
+    run_sh.wait_for("make broker-down` stops it", 1.0)  # the broker is left running: said
 
 
 async def test_tour_step_3_literally(kafka, request, faust_worker, tmp_path):
