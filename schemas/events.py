@@ -658,7 +658,9 @@ def _json_float(text: str) -> float | _LongNumber:
     return float(text)
 
 
-def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+def unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A JSON object's or msgpack map's pairs as a dict; DecodeError when a key comes twice
+    (which copy counts differs between parsers). The lookup API's bodies use it too."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[Any] = set()
@@ -703,7 +705,7 @@ _JSON_FAST: Final = json.JSONDecoder(
     parse_int=_fast_int,
     parse_float=_fast_float,
     parse_constant=_not_fast,
-    object_pairs_hook=_unique_keys,
+    object_pairs_hook=unique_keys,
 )
 """The first parse of every JSON message: a number that may break a rule (an integer of more
 than 18 digits, a float literal longer than MAX_NUMBER_CHARS or not finite, NaN, Infinity)
@@ -727,13 +729,13 @@ _DIGIT_RUN: Final = b"0" * (_FAST_INT_DIGITS + 1)
 
 _JSON_PLAIN: Final = json.JSONDecoder(
     parse_constant=float,  # NaN, Infinity: rejected by the walk, with the field
-    object_pairs_hook=_unique_keys,
+    object_pairs_hook=unique_keys,
 )
 _JSON_CHECKED: Final = json.JSONDecoder(
     parse_int=_json_int,
     parse_float=_json_float,
     parse_constant=float,
-    object_pairs_hook=_unique_keys,
+    object_pairs_hook=unique_keys,
 )
 
 
@@ -751,7 +753,7 @@ def _parse_msgpack(raw: bytes) -> object:
                 break
         else:
             return parsed
-    return _unpack(raw, _unique_keys)
+    return _unpack(raw, unique_keys)
 
 
 def _map_length(raw: bytes) -> int | None:

@@ -29,7 +29,7 @@ from engine.durations import MAX_TIME_MS, MIN_TIME_MS
 from engine.episodes import clamp_time
 from engine.predict import predict_read
 from engine.state import Reading
-from schemas.events import DecodeError, parse_time
+from schemas.events import DecodeError, parse_time, unique_keys
 from schemas.stored import decode_reading, decode_stored
 
 FORWARDED_HEADER: Final = "X-Oracular-Forwarded"
@@ -199,27 +199,11 @@ def parse_json(body: bytes) -> Any:
         if depth > MAX_JSON_DEPTH:
             raise ApiError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except DuplicateKey as exc:
-        raise ApiError(400, f"the body has the key {str(exc)[:100]} twice in one object") from exc
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DecodeError as exc:  # a key twice: the input path refuses such messages too
+        raise ApiError(400, f"the body is refused: {exc}") from exc
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the body is not JSON: {str(exc)[:200]}") from exc
-
-
-class DuplicateKey(ValueError):
-    """A JSON object names a key twice: which copy counts differs between parsers, so the
-    body is refused, as the input path refuses it."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKey(json.dumps(key))
-            seen.add(key)
-    return out
 
 
 def batch_body(at: int, counts: Mapping[str, int], results: list[Any]) -> dict[str, Any]:

@@ -200,7 +200,7 @@ async def test_a_json_body_naming_a_key_twice_is_refused(open_worker, body):
     headers = {"Content-Type": "application/json"}
     status, _, answer = await send(w, req(w, "POST", "/v1/lookup", body.encode(), headers=headers))
     assert status == 400, answer
-    assert "twice" in answer["error"]
+    assert "appears more than once" in answer["error"]
 
 
 async def test_a_reveal_naming_a_key_twice_is_refused(open_worker):
@@ -210,7 +210,7 @@ async def test_a_reveal_naming_a_key_twice_is_refused(open_worker):
     status, _, answer = await send(
         w, req(w, "POST", "/v1/users/u1/revealed", body, headers=headers)
     )
-    assert status == 400 and "twice" in answer["error"]
+    assert status == 400 and "appears more than once" in answer["error"]
     assert w.node.appended == []
 
 
