@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from engine import (
 )
 from engine.dedupe import RecentIds, forget_before, remember
 from schemas.events import DecodeError, IgnoredMessage, decode_event, show_time
+from schemas.plausible import EARLIEST_MS, implausible
 from schemas.outputs import (
     Format,
     dlq_message,
@@ -73,6 +75,7 @@ REPORTED: Final = (
     "behind_watermark",
     "closed_early",
     "clock_ahead",
+    "implausible_times",
     "ids_forgotten_early",
     "quarantined",
     "internal_errors",
@@ -706,6 +709,8 @@ class Processor:
             self._count_time(event, step.at, user, clock)
         if clock.event_time is None or event.at > clock.event_time:
             clock.event_time = event.at
+        if event.at < EARLIEST_MS:
+            self._count_implausible(event)
         user_clock = user.clock
         if user_clock is None or event.at > user_clock:
             user_clock = event.at
@@ -780,6 +785,20 @@ class Processor:
             "(ORACULAR_MAX_SKEW_MS): the device's clock is wrong; correct it, or send sentAt "
             "(sent_at) with the event so the skew is corrected"
         )
+
+    def _count_implausible(self, event: Event) -> None:
+        """Count an applied input dated before 2000: valid, but no real product's event (a
+        wrong unit upstream, most often epoch seconds). The worker applies it as sent, so live
+        still equals replay (the offline tools stop on it instead); said once in the log."""
+        self.counts["implausible_times"] += 1
+        if self.counts["implausible_times"] == 1:
+            problem = implausible(event.at, int(time.time() * 1000))
+            log.warning(
+                "user %r: event time %s; applied as sent, and counted as implausible_times "
+                "(said once): fix the producer's time unit",
+                event.user,
+                problem,
+            )
 
     def _count_time(self, event: Event, at: int, user: StoredUser, clock: PartitionClock) -> None:
         """Count inputs outside the live = replay contract (docs/time.md)."""

@@ -390,3 +390,21 @@ def test_output_ids_never_collide(pairs):
     (u1, e1), (u2, e2) = pairs
     assert prediction_id(u1, e1, 7) != prediction_id(u2, e2, 7)
     assert episode_id("a:1", 2, 3) != episode_id("a", 12, 3) != episode_id("a:1/2", 3, 3)
+
+
+def test_times_before_2000_are_applied_counted_and_said_once(caplog):
+    """Epoch seconds sent as milliseconds (January 1970) are valid times, so the worker applies
+    them as a replay does; it counts them and names the likely unit once in the log."""
+    live = Live(TimePolicy(lateness_ms=MIN, idle_ms=END_OF_TIME, max_skew_ms=MIN))
+    seconds = TS // 1000
+    sent = [event("a", seconds), event("b", seconds + 60), event("a", TS, n=1)]
+    with caplog.at_level("WARNING", logger="streams.runtime.processor"):
+        for n, one in enumerate(sent):
+            live.send(one, record_ms=TS + n)
+    counts = live.processor.counts
+    assert counts["implausible_times"] == 2 and counts["applied"] == 3
+    said = [r.getMessage() for r in caplog.records if "implausible_times" in r.getMessage()]
+    assert len(said) == 1 and "it looks like epoch seconds" in said[0], said
+    expected, states = replayed(sent, clock=TS)
+    live.finish()
+    assert live.by_id() == expected and live.states() == states
