@@ -46,7 +46,6 @@ from engine import (
 )
 from engine.dedupe import RecentIds, forget_before, remember
 from schemas.events import DecodeError, IgnoredMessage, decode_event, show_time
-from schemas.plausible import EARLIEST_MS, implausible
 from schemas.outputs import (
     Format,
     dlq_message,
@@ -54,6 +53,7 @@ from schemas.outputs import (
     episode_message,
     prediction_message,
 )
+from schemas.plausible import EARLIEST_MS, implausible
 from schemas.stored import StoredUser, decode_stored, encode_stored, id_digest, stored_index
 from schemas.ticks import decode_tick
 from streams.settings import default
