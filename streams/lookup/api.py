@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol, get_args
+from typing import Any, Final, NoReturn, Protocol, get_args
 
 import msgpack
 import msgspec
@@ -51,6 +51,7 @@ from yarl import URL
 
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
+from schemas.lookup_api import openapi_document
 from streams.faust import patches as faust_patches
 from streams.lookup.crosssite import check_request
 from streams.lookup.front import Guard, GuardedHandler, Limits, internal_error
@@ -234,6 +235,7 @@ def build_web_app(api: Api) -> web.Application:
     app.router.add_get("/livez", handlers.livez)
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/openapi.json", handlers.openapi)
     app.router.add_get("/v1/routing", handlers.routing)
     app.router.add_get("/v1/users/{user}", handlers.user)
     app.router.add_get("/v1/users/{user}/intents/{intent}", handlers.intent)
@@ -352,11 +354,15 @@ async def read_body(request: web.Request, limits: Limits) -> bytes:
         raise ApiError(408, msg) from exc
 
 
+PUBLIC_PATHS: Final = frozenset({"/livez", "/openapi.json"})
+"""Answered without a token: nothing about the worker or its users."""
+
+
 def _auth(api: Api) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         token = api.token
-        if token and request.path != "/livez":
+        if token and request.path not in PUBLIC_PATHS:
             # Header bytes that are not UTF-8 arrive as surrogate escapes: compared as the
             # bytes sent, they cannot match (401), and cannot fail to encode.
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
@@ -379,6 +385,8 @@ class _Handlers:
         self.api = api
         self.node = api.node
         self.config_id = config_identity(api.config)
+        self.contract: str | None = None
+        """GET /openapi.json's body."""
 
     # --- health and metrics -----------------------------------------------------------
 
@@ -434,6 +442,12 @@ class _Handlers:
             headers={"Content-Type": kind},
             charset=None,
         )
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        if self.contract is None:  # built once: the worker's URL and config do not change
+            document = openapi_document(self.node.me, list(self.api.config.intents))
+            self.contract = json.dumps(document, separators=(",", ":"))
+        return web.Response(text=self.contract, content_type="application/json")
 
     async def routing(self, request: web.Request) -> web.Response:
         return _json(self.node.routing())

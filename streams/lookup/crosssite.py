@@ -29,7 +29,7 @@ from streams.lookup.serving import ApiError
 from streams.settings.hosts import Hosts, host_name
 
 JSON_TYPE = "application/json"
-UNCHECKED_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+UNCHECKED_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/openapi.json"})
 """No user's data: probes and scrapers may name the worker as they like."""
 
 

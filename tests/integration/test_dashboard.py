@@ -9,10 +9,11 @@ import json
 import socket
 
 import pytest
-from aiohttp import ClientSession, ClientTimeout
+from aiohttp import ClientTimeout
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.grafana.queries import PROMETHEUS_OWN, alert_queries, dashboard_queries, metric_names
+from tests.contract import contract_session
 
 from .test_serving import api_url, get_json, worker_for
 from .worker_support import deployment, generate_stream, produce_events, wait_committed
@@ -54,7 +55,7 @@ async def test_every_metric_of_the_dashboard_and_the_alerts_is_scraped(
     events = generate_stream(dep.config, events=200, users=20, seed=7)
     await produce_events(kafka, dep.topics.events.name, events)
     await wait_committed(dep)
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         await get_json(http, f"{url}/v1/users/{events[0].user}", token=None)  # a lookup
         async with http.get(f"{url}/metrics") as response:
             assert response.status == 200

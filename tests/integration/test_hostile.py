@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import resource
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,6 +222,69 @@ ATTACKS: list[Attack] = [
     ("1 GB declared body", huge_declared_body),
 ]
 STORM: list[Attack] = [("2,000 concurrent clients", many_clients)]
+FUZZ_S = float(os.environ.get("ORACULAR_FUZZ_SECONDS", "40"))
+"""The schemathesis run's time budget (`make chaos` runs a longer one)."""
+FUZZ_EXAMPLES = 25  # test cases per operation and phase, at most
+CONFORMANCE = (
+    "not_a_server_error,status_code_conformance,content_type_conformance,"
+    "response_headers_conformance,response_schema_conformance"
+)
+"""The stateless checks: no 5xx, and every status, content type, header and body as the
+OpenAPI document says."""
+
+
+def fuzz(seconds: float, workdir: Path) -> Callable[[Api], Awaitable[dict[str, Any]]]:
+    """An attack: schemathesis generates requests from the worker's own /openapi.json for
+    `seconds` (its examples, coverage and fuzzing phases) and checks every answer."""
+
+    async def schemathesis(api: Api) -> dict[str, Any]:
+        reports = workdir / "schemathesis"
+        command = [
+            str(Path(sys.executable).with_name("schemathesis")),
+            "run",
+            f"{api.url}/openapi.json",
+            f"--checks={CONFORMANCE}",
+            "--phases=examples,coverage,fuzzing",
+            f"--max-examples={FUZZ_EXAMPLES}",
+            f"--max-time={max(1, int(seconds))}",
+            "--request-timeout=10",
+            "--generation-database=none",
+            "--no-color",
+            "--report=json",
+            f"--report-dir={reports}",
+            "-H",
+            f"Authorization: Bearer {TOKEN}",
+        ]
+        process = await asyncio.create_subprocess_exec(
+            *command, cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with asyncio.timeout(seconds + FUZZ_MARGIN_S):
+                output, _ = await process.communicate()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        text = output.decode(errors="replace")
+        [report] = list(reports.glob("*.json")) or [None]
+        assert report is not None, (
+            f"schemathesis wrote no report (exit {process.returncode}):\n{text}"
+        )
+        found = json.loads(report.read_text())
+        return {
+            "exit": process.returncode,
+            "operations tested": found["operations"]["tested"],
+            "test cases": found["test_cases"]["generated"],
+            "failures": len(found["failures"]) + found["test_cases"]["with_failures"],
+            "errors": len(found["errors"]),
+            "output": text[-4000:] if process.returncode else "",
+        }
+
+    return schemathesis
+
+
+FUZZ_MARGIN_S = 60.0
+"""Beyond its budget, what schemathesis may take to start and to finish its last cases."""
 """Before the API accepted connections itself (streams.lookup.front.Acceptor), the storm took the
 worker to its open-file limit in 2 of 3 runs on a busy 2-core CI machine: asyncio's server
 accepted sockets on every turn of a starved loop faster than they were admitted or closed."""
@@ -291,11 +357,44 @@ async def test_a_storm_of_clients_cannot_stop_the_api_or_the_worker(
     assert set(answers) <= {0, 200, 503}, table
 
 
+async def test_a_schemathesis_run_finds_no_5xx_and_no_answer_outside_the_document(
+    kafka: str, request: pytest.FixtureRequest, faust_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """Requests generated from the worker's OpenAPI document, while input flows."""
+    await fuzz_a_worker(kafka, request, faust_worker, tmp_path, FUZZ_S)
+
+
+async def fuzz_a_worker(
+    kafka: str,
+    request: pytest.FixtureRequest,
+    faust_worker: WorkerFactory,
+    workdir: Path,
+    seconds: float,
+) -> dict[str, Any]:
+    """A schemathesis run of `seconds` on a worker (`attack_a_worker`): every operation
+    tested, no failure (a 5xx, or an answer the document does not allow), no error."""
+    attack = ("schemathesis", fuzz(seconds, workdir))
+    table = await attack_a_worker(
+        kafka, request, faust_worker, [attack], timeout_s=seconds + FUZZ_MARGIN_S * 2
+    )
+    seen = table[0][1]
+    assert seen["operations tested"] == OPERATIONS and seen["test cases"] > 0, seen
+    assert seen["failures"] == 0 and seen["errors"] == 0 and seen["exit"] == 0, seen["output"]
+    return seen
+
+
+OPERATIONS = 8
+"""The document's operations but /openapi.json itself (schemathesis leaves the schema's own
+URL out)."""
+
+
 async def attack_a_worker(
     kafka: str,
     request: pytest.FixtureRequest,
     faust_worker: WorkerFactory,
     attacks: list[Attack],
+    *,
+    timeout_s: float = ATTACK_TIMEOUT_S * 2,
 ) -> list[tuple[Any, ...]]:
     """Run `attacks` one after another on a worker limited to WORKER_FILES open files while
     input flows; check after each that lookups, /readyz and input went on, that the server
@@ -320,7 +419,7 @@ async def attack_a_worker(
             before = await api.applied()
             started = time.monotonic()
             async with open_files(worker.process.pid) as most, open_files(api_process) as api_most:
-                seen = await asyncio.wait_for(attack(api), ATTACK_TIMEOUT_S * 2)
+                seen = await asyncio.wait_for(attack(api), timeout_s)
             seen["most open files"] = most[0]
             seen["API process's most open files"] = api_most[0]
             asked = time.monotonic()

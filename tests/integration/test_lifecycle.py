@@ -8,13 +8,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
 from rocksdict import Options, Rdict
 
 from engine import Event
 from streams.settings.topics import STATE_TABLE
+from tests.contract import contract_session
 
 from .conftest import WorkerFactory
 from .test_serving import api_url
@@ -62,7 +62,7 @@ def stored_users(datadir: Path) -> set[str]:
 
 
 async def lookup(url: str, user: str) -> dict:
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/users/{user}") as response:
+    async with contract_session() as http, http.get(f"{url}/v1/users/{user}") as response:
         assert response.status == 200, await response.text()
         return await response.json()
 
@@ -113,7 +113,7 @@ async def test_quiet_users_expire_from_store_changelog_and_replica(
     quiet = next(u for u in users if u not in active)
     assert (await lookup(url, quiet))["known"] is False
     assert (await lookup(url, returning[0]))["known"] is True
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+    async with contract_session() as http, http.get(f"{url}/metrics") as response:
         metrics = await response.text()
     expired = float(re.search(r"^oracular_expired_total (\S+)$", metrics, re.M).group(1))
     assert expired == len(users), metrics[:2000]  # each went quiet once

@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from rocksdict import Options, Rdict
@@ -42,6 +41,7 @@ from streams.settings.exits import (
     EXIT_UNAVAILABLE,
 )
 from streams.settings.topics import STATE_TABLE
+from tests.contract import contract_session
 
 from .conftest import WorkerFactory
 from .support import FaustWorker
@@ -274,7 +274,7 @@ async def corrupt_copy(
 async def lookup_all(url: str, users: list[str]) -> dict[str, str]:
     """User -> the status of its lookup (`found`, `unknown`, `unavailable`, `error`)."""
     statuses: dict[str, str] = {}
-    async with aiohttp.ClientSession() as http:
+    async with contract_session() as http:
         for start in range(0, len(users), 1_000):
             chunk = users[start : start + 1_000]
             async with http.post(f"{url}/v1/lookup", json={"users": chunk}) as response:

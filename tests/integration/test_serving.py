@@ -28,6 +28,7 @@ from infra.broker import REPO_ROOT
 from infra.processes import thread_cpus
 from streams.lookup.serving import partition_for
 from tests.cli import run_oracular
+from tests.contract import contract_session
 
 from .conftest import WorkerFactory
 from .support import POLL_INTERVAL_S, FaustWorker
@@ -232,7 +233,7 @@ async def test_lookups_through_either_worker_equal_the_replay(
     urls = [api_url(first), api_url(second)]
     await wait_group_stable(dep, members=2)
 
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         owners = await wait_routing(http, urls)
         before = [await scrape(http, url) for url in urls]
         assert metric_sum(before, "oracular_inputs_total", outcome="applied") == 0
@@ -337,7 +338,7 @@ async def test_a_lookup_during_a_rebalance_is_503_or_right_then_right(
                 seen.append((user, status, body, headers))
             await asyncio.sleep(0.05)
 
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         assert all(o == url for o in (await wait_routing(http, [url])).values())
         poller = asyncio.create_task(poll(http))
         second = relocate(worker_for(faust_worker, dep), tmp_path / "second")
@@ -403,7 +404,7 @@ async def test_a_reveal_posted_through_the_api_suppresses_and_is_replayed(
     url = api_url(worker)
     await produce_events(kafka, dep.topics.events.name, events)
 
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
 
         async def applied() -> tuple[bool, Any]:
             status, body, _ = await get_json(http, f"{url}/v1/users/{user}/intents/upgrade")
@@ -475,7 +476,7 @@ async def test_stale_reads_come_from_the_standby_copy(
     urls = [api_url(first), api_url(second)]
     await wait_group_stable(dep, members=2)
 
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         owners = await wait_routing(http, urls)
         await produce_events(kafka, dep.topics.events.name, events)
         await wait_committed(dep)
@@ -517,7 +518,7 @@ async def test_a_frozen_owner_gives_504_within_the_forward_timeout(
     urls = [api_url(first), api_url(second)]
     await wait_group_stable(dep, members=2)
 
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         owners = await wait_routing(http, urls)
         await produce_events(kafka, dep.topics.events.name, events)
         await wait_committed(dep)
@@ -558,7 +559,7 @@ async def test_a_frozen_worker_s_api_process_stops_answering_as_the_owner(
     await dep.create_topics()
     worker = worker_for(faust_worker, dep).start()
     url = api_url(worker)
-    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+    async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         await produce_events(kafka, dep.topics.events.name, events)
         await wait_committed(dep)
         user = sorted(states)[0]
@@ -606,7 +607,7 @@ async def test_lookups_from_the_decoded_cache_equal_lookups_from_the_table(
         url = api_url(worker.start())
         if "ORACULAR_API_CPUS" in worker.env:
             assert_reserved_cpu(worker)
-        async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
+        async with contract_session(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
             await wait_routing(http, [url])
             if run == "cache":
                 await produce_events(kafka, dep.topics.events.name, events)

@@ -34,6 +34,7 @@ from streams.lookup.front import EVICT_IDLE_S, EVICT_PARTIAL_S, Limits
 from streams.lookup.serving import MAX_JSON_DEPTH, partition_for
 from streams.settings import APP_HEADER
 from streams.settings.peers import Peers
+from tests.contract import contract_session
 from tests.streams.test_cli_replay import CONFIG
 from tests.streams.test_serving import Worker, start_worker, user_on
 
@@ -637,7 +638,6 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 async def test_the_api_serves_tls_with_a_certificate_and_key(config: Any, tmp_path: Path) -> None:
-    from aiohttp import ClientSession
 
     from streams.lookup.api import Api, tls_contexts
     from streams.settings import Settings
@@ -650,7 +650,7 @@ async def test_the_api_serves_tls_with_a_certificate_and_key(config: Any, tmp_pa
     served = await serve_api(Api(FakeNode(config), token=TOKEN), ssl_context=server_ssl)
     try:
         assert served.url.startswith("https://127.0.0.1:")
-        async with ClientSession() as http:
+        async with contract_session() as http:
             async with http.get(f"{served.url}/livez", ssl=client_ssl) as response:
                 assert response.status == 200 and await response.json() == {"live": True}
             plain = served.url.replace("https://", "http://")

@@ -63,6 +63,7 @@ from streams.lookup.replica import (
 from streams.lookup.serving import UserRead, answer, partition_for, read_user
 from streams.settings import DEFAULT_API_NICE, SettingsError, load_settings
 from streams.settings.peers import Peers
+from tests.contract import contract_session
 from tests.streams.test_cli_replay import CONFIG
 
 WAIT_S = 30.0  # a condition on a busy 2-core box
@@ -530,7 +531,7 @@ async def test_the_api_process_answers_from_the_replica_and_appends_reveals_thro
     url, feed, node, dbs = served
     before = "u-before"
     write(feed, dbs, config, before, "pricing.viewed", 1)  # in the database before the copy
-    async with ClientSession(timeout=ClientTimeout(total=10)) as http:
+    async with contract_session(timeout=ClientTimeout(total=10)) as http:
 
         async def known(user: str, offset: int) -> bool:
             status, body = await get(http, f"{url}/v1/users/{user}")
@@ -558,7 +559,7 @@ async def test_a_dead_api_process_is_restarted_with_its_replica_rebuilt(
     write(feed, dbs, config, "u1", "pricing.viewed", 4)
     assert feed.process is not None
     os.kill(feed.process.pid, signal.SIGKILL)
-    async with ClientSession(timeout=ClientTimeout(total=10)) as http:
+    async with contract_session(timeout=ClientTimeout(total=10)) as http:
 
         async def answers() -> bool:
             try:
