@@ -71,10 +71,12 @@ test-fast: setup ## the tests that need no broker
 # kept in var/chaos/<start time>/ (a rerun must not overwrite a failed run's evidence; `make
 # clean` deletes them). With them, the faults of the worker's own machine at full size
 # (tests/chaos/test_machine_faults_chaos.py, a few minutes: a full disk, corrupt local copies,
-# a broker frozen past the session timeout). One of them: PYTEST_ARGS=-kfailover (or
-# -k"not failover", -kfull_a).
-# Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop.
-chaos: setup kafka ## the full chaos runs: workers killed/frozen, broker restart, failover, machine faults
+# a broker frozen past the session timeout), and a 5-minute schemathesis run against a live
+# worker's OpenAPI document (tests/chaos/test_api_fuzz_chaos.py). One of them:
+# PYTEST_ARGS=-kfailover (or -k"not failover", -kfull_a).
+# Overrides: CHAOS_SECONDS, CHAOS_SEED, CHAOS_WORKERS, CHAOS_EVENTS, CHAOS_INJECT=drop,
+# CHAOS_FUZZ_SECONDS.
+chaos: setup kafka ## the full chaos runs: workers killed/frozen, broker restart, failover, machine faults, API fuzz
 	@mkdir -p var/chaos
 	CHAOS_FULL=1 $(PY) -m pytest tests/chaos -m chaos_full \
 		-s -p no:cacheprovider \

@@ -408,7 +408,9 @@ async def attack_a_worker(
     assert worker.process is not None  # prlimit runs the worker in its own process (exec)
     api = Api(api_url(worker))
     api_process = api_pid(worker)  # the lookup API's own process (the same file limit)
-    events = generate_stream(dep.config, events=40_000, users=400, seed=41)
+    # Input for the whole run (a long fuzz included), at INPUT_RATE.
+    count = max(40_000, int(INPUT_RATE * timeout_s))
+    events = generate_stream(dep.config, events=count, users=400, seed=41)
     table = []
     async with steady_input(kafka, dep.topics.events.name, events):
         deadline = time.monotonic() + READY_TIMEOUT_S
