@@ -9,7 +9,7 @@ import json
 import socket
 
 import pytest
-from aiohttp import ClientTimeout
+from aiohttp import ClientSession, ClientTimeout
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.grafana.queries import PROMETHEUS_OWN, alert_queries, dashboard_queries, metric_names
@@ -60,7 +60,8 @@ async def test_every_metric_of_the_dashboard_and_the_alerts_is_scraped(
         async with http.get(f"{url}/metrics") as response:
             assert response.status == 200
             text = await response.text()
-        # --web-port serves what it promises: Faust's statistics pages.
+    # --web-port serves what it promises: Faust's statistics pages (Faust's, not the API).
+    async with ClientSession(timeout=ClientTimeout(total=HTTP_TIMEOUT_S)) as http:
         async with http.get(f"http://127.0.0.1:{web_port}/") as response:
             assert response.status == 200
             sensors = await response.json()
