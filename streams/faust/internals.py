@@ -1,11 +1,12 @@
 """Reads (and the few writes) of Faust's and aiokafka's private state: the worker's only ones.
 Offsets, positions, acks, the RocksDB store by partition, the changelog's persisted offset,
-the group membership heartbeat.
+the group membership heartbeat, what Faust's log formatter makes of an argument.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, NamedTuple, cast
@@ -287,3 +288,13 @@ def abandon(consumer: Any, events: Any) -> None:
     unacked = consumer._unacked_messages
     for event in events:
         unacked.discard(event.message)
+
+
+def faust_log_argument(arg: Any, record: logging.LogRecord) -> Any:
+    """What Faust's own log formatter makes of a log record's argument: a boxed table for a
+    set of topics or partitions, else None (`faust.worker.format_log_arguments`, which Faust
+    registers with mode's logging; mode applies its formatters in no fixed order, so a
+    formatter that rewrites Faust's tables calls it first: `streams.runtime.quiet_logs`)."""
+    from faust.worker import format_log_arguments  # noqa: PLC0415 (the worker module is big)
+
+    return format_log_arguments(arg, record)

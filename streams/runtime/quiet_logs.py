@@ -1,8 +1,13 @@
-"""aiokafka's log, made readable: retried errors at INFO, a lost broker said once a while.
+"""aiokafka's and Faust's log, made readable: retried errors at INFO, a lost broker said once
+a while, Faust's tables on one line.
 
 aiokafka logs at ERROR what it retries at once (a fresh broker's "Group Coordinator Request
 failed"), and every failed connection attempt to a broker that went away: 4,923 lines in 50 s
 under a worker whose broker was stopped. `quiet_aiokafka_logs` installs both filters once.
+
+Faust draws topic and partition sets as boxed tables, five lines and more each: about 120 of
+the lines a worker logs at start. `one_line_tables` (a formatter of `mode`'s logging, which
+Faust's log records pass through) writes each on one line.
 """
 
 from __future__ import annotations
@@ -10,7 +15,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
+
+from mode.utils.logging import formatter2
+
+from streams.faust import patches as faust_patches
 
 
 class _TransientCoordinatorErrors(logging.Filter):
@@ -79,7 +88,9 @@ class BrokerUnreachable(logging.Filter):
 
 def quiet_aiokafka_logs() -> None:
     """Install the filters on aiokafka's loggers (once): one BrokerUnreachable for all of
-    them, so an outage is said once whichever of them fails first."""
+    them, so an outage is said once whichever of them fails first; and Faust's tables on one
+    line (`mode` keeps its formatters in a set: added once however often this runs)."""
+    formatter2(_one_line_faust_table)
     coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
     if not any(isinstance(f, _TransientCoordinatorErrors) for f in coordinator.filters):
         coordinator.addFilter(_TransientCoordinatorErrors())
@@ -96,3 +107,37 @@ BROKER_LOGGERS: Final = (
     "aiokafka.consumer.group_coordinator",
 )
 _BROKER_UNREACHABLE: Final = BrokerUnreachable()
+
+
+MAX_TABLE_ROWS: Final = 20
+"""Rows of a Faust table written on its line; the rest are counted."""
+
+
+def one_line_table(text: str) -> str | None:
+    """A table drawn by Faust (`faust.utils.terminal.logtable`) as one line: "Title: cells of
+    a row; cells of the next row" (the header row left out); None if `text` is no such table."""
+    lines = text.strip().splitlines()
+    if len(lines) < 3 or not lines[0].startswith("+") or not lines[-1].startswith("+"):
+        return None
+    title = lines[0].strip("+-")
+    rows = [
+        " ".join(cell.strip() for cell in line.strip("|").split("|"))
+        for line in lines
+        if line.startswith("|")
+    ][1:]
+    shown = "; ".join(rows[:MAX_TABLE_ROWS])
+    more = len(rows) - MAX_TABLE_ROWS
+    return f"{title}: {shown or 'none'}" + (f"; and {more} more" if more > 0 else "")
+
+
+def _one_line_faust_table(arg: Any, record: logging.LogRecord) -> str | None:
+    """`mode`'s log formatter hook: Faust's tables (built by its own formatter, which may run
+    before or after this one, or passed as a preformatted argument) on one line, after a space
+    instead of a line break."""
+    if not isinstance(arg, str):
+        arg = faust_patches.faust_log_argument(arg, record)
+    if isinstance(arg, str) and "+" in arg[:2] and "\n|" in arg:
+        line = one_line_table(arg)
+        if line is not None:
+            return line
+    return None
