@@ -93,9 +93,11 @@ async def test_full_a_broker_frozen_past_the_session_timeout(
                 await asyncio.sleep(0.5)
         finally:
             os.kill(broker.pid, signal.SIGCONT)
+        resumed = time.monotonic()
         await produce_events(broker.bootstrap, dep.topics.events.name, events[third:])
         if not worker.running:  # it stopped on the fault: a supervisor starts it again
+            print(f"\nthe worker stopped on the frozen broker: {worker.log_tail(3)}")
             worker.start()
-        await finish_and_compare(dep, worker, events, until)
+        await finish_and_compare(dep, worker, events, until, since=resumed)
     finally:
         await asyncio.to_thread(broker.stop, wipe=True)

@@ -109,12 +109,17 @@ def the_stream(dep: Deployment, events: int = EVENTS, users: int = USERS) -> tup
 
 
 async def finish_and_compare(
-    dep: Deployment, worker: FaustWorker, events: list, until: int
+    dep: Deployment, worker: FaustWorker, events: list, until: int, *, since: float | None = None
 ) -> None:
-    """`worker` (running) ends the stream: every output equals the replay, no dead letter."""
+    """`worker` (running) ends the stream: every output equals the replay, no dead letter.
+    With `since` (a monotonic time: the restart, or the fault's end), prints how long it took
+    from then to commit the whole stream (the fault table's time to recover)."""
     expected = expected_outputs(dep.config, events, until=until)
     try:
         await wait_committed(dep, timeout_s=FAULT_TIMEOUT_S)
+        if since is not None:
+            took = time.monotonic() - since
+            print(f"\n{dep.app_id}: the whole stream committed {took:.1f} s after the restart")
         records = await wait_for_outputs(dep, expected, timeout_s=FAULT_TIMEOUT_S)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nworker log:\n{worker.log_tail(60)}") from exc
@@ -153,9 +158,10 @@ async def full_disk(
     assert "No space left on device" in lines[0] and "free space" in lines[0], lines
     assert "restarting" not in worker.log_text(current_run_only=True).lower()
     filler.unlink()
+    restarted = time.monotonic()
     worker.start()
     await produce_events(dep.bootstrap, dep.topics.events.name, events[produced:])
-    await finish_and_compare(dep, worker, events, until)
+    await finish_and_compare(dep, worker, events, until, since=restarted)
 
 
 async def produce_until_stopped(
@@ -251,6 +257,7 @@ async def corrupt_copy(
         with sst.open("r+b") as f:
             f.seek(sst.stat().st_size // 3)
             f.write(os.urandom(200))
+    restarted = time.monotonic()
     if damage == "flipped":
         LoggedProcess.start(worker)  # not ready: the scan runs in the restore, before that
         code = await worker.wait_exit_async(FAULT_TIMEOUT_S)
@@ -267,8 +274,10 @@ async def corrupt_copy(
     answers = await lookup_all(api_url(worker), known)
     unknown = [user for user, status in answers.items() if status == "unknown"]
     assert not unknown, f"{len(unknown)} users with a state answered as unknown: {unknown[:5]}"
+    took = time.monotonic() - restarted
+    print(f"\n{dep.app_id}: {damage} copy restored, {len(known)} users answered, {took:.1f} s")
     await produce_events(dep.bootstrap, dep.topics.events.name, events[half:])
-    await finish_and_compare(dep, worker, events, until)
+    await finish_and_compare(dep, worker, events, until, since=restarted)
 
 
 async def lookup_all(url: str, users: list[str]) -> dict[str, str]:
