@@ -119,7 +119,7 @@ async def finish_and_compare(
         await wait_committed(dep, timeout_s=FAULT_TIMEOUT_S)
         if since is not None:
             took = time.monotonic() - since
-            print(f"\n{dep.app_id}: the whole stream committed {took:.1f} s after the restart")
+            print(f"\n{dep.app_id}: the whole stream committed {took:.1f} s after the fault ended")
         records = await wait_for_outputs(dep, expected, timeout_s=FAULT_TIMEOUT_S)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nworker log:\n{worker.log_tail(60)}") from exc
