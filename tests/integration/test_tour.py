@@ -147,6 +147,14 @@ def test_reset_of_an_unknown_id_exits_1_and_suggests_the_closest_run(kafka, name
     assert done.stdout == ""  # no "deleted"
 
 
+def _default_sigint() -> None:
+    """In the child, before it execs: SIGINT as a terminal delivers it. A test run started in
+    the background (`cmd &` in a script, `nohup`) passes SIGINT on ignored, and a shell that
+    starts with it ignored can never trap it: the tests that send it must not depend on how
+    their own run was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _RunSh:
     """infra/run.sh (`make run`) in its own process group, its output collected."""
 
@@ -167,6 +175,7 @@ class _RunSh:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=_default_sigint,  # noqa: PLW1509 (no threads in the child before exec)
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -315,6 +324,7 @@ def test_an_interrupted_produce_says_how_many_events_the_broker_acknowledged(kaf
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,  # noqa: PLW1509 (no threads in the child before exec)
     )
 
     async def held() -> int:
