@@ -6,8 +6,8 @@ failed"), and every failed connection attempt to a broker that went away: 4,923 
 under a worker whose broker was stopped. `quiet_aiokafka_logs` installs both filters once.
 
 Faust draws topic and partition sets as boxed tables, five lines and more each: about 120 of
-the lines a worker logs at start. `one_line_tables` (a formatter of `mode`'s logging, which
-Faust's log records pass through) writes each on one line.
+the lines a worker logs at start. `_one_line_faust_table` (a formatter of `mode`'s logging,
+which Faust's log records pass through) writes each on one line (`one_line_table`).
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ MAX_TABLE_ROWS: Final = 20
 def one_line_table(text: str) -> str | None:
     """A table drawn by Faust (`faust.utils.terminal.logtable`) as one line: "Title: cells of
     a row; cells of the next row" (the header row left out); None if `text` is no such table."""
+    if "\n|" not in text:  # most log arguments: no table, and no lines split
+        return None
     lines = text.strip().splitlines()
     if len(lines) < 3 or not lines[0].startswith("+") or not lines[-1].startswith("+"):
         return None
@@ -136,8 +138,4 @@ def _one_line_faust_table(arg: Any, record: logging.LogRecord) -> str | None:
     instead of a line break."""
     if not isinstance(arg, str):
         arg = faust_patches.faust_log_argument(arg, record)
-    if isinstance(arg, str) and "+" in arg[:2] and "\n|" in arg:
-        line = one_line_table(arg)
-        if line is not None:
-            return line
-    return None
+    return one_line_table(arg) if isinstance(arg, str) else None
