@@ -26,7 +26,7 @@ from engine.observe import observe_settled
 from engine.predict import Prediction, mark_revealed, predict_many, predict_settled
 from engine.state import EngineState, create_state
 
-EventType = Literal["event", "end", "revealed"]
+EventType = Literal["event", "end", "revealed", "erase"]
 
 END_OF_TIME: Final = (1 << 63) - 1
 """The default watermark at the end of a replay: every open episode with a timeout is due."""
@@ -34,7 +34,8 @@ END_OF_TIME: Final = (1 << 63) - 1
 
 @dataclass(slots=True, unsafe_hash=True)  # never changed: see engine/state.py
 class Event:
-    """One input: an analytics event, a sign-out (`end`) or a reveal (`revealed`)."""
+    """One input: an analytics event, a sign-out (`end`) or a reveal (`revealed`); or an
+    erasure (`erase`), which the stream processor applies and the engine refuses."""
 
     user: str
     at: int
@@ -93,6 +94,10 @@ def apply_event(state: EngineState, event: Event) -> Step:
         return Step(event, at, after, _changed(before, _predictions(after, shown, at)))
     if not isinstance(event.name, str) or not event.name:
         msg = "an event needs a name (a non-empty string)"
+        if event.type == "erase":
+            msg = (
+                "an erase deletes the user's state: the stream processor applies it, not the engine"
+            )
         raise InvalidEventError(msg)
     touched = config.touched_index.get(event.name)
     # The state as of `at` is both what the predictions before the event are read from and

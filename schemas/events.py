@@ -4,6 +4,7 @@ Native (msgpack or JSON, one object per line in files):
     {"id": "e1", "user": "u1", "name": "pricing.viewed", "ts": 1767261600000}
     {"user": "u1", "type": "end", "ts": ...}                       sign-out -> end_episode
     {"user": "u1", "type": "revealed", "intent": "upgrade", "ts": ...}   -> mark_revealed
+    {"user": "u1", "type": "erase", "ts": ..., "id": ..., "reason": ...}  -> the user erased
 Segment spec: `track` (`event`), `page` (-> "page.viewed"), `screen` (-> "screen.viewed"), with
 `userId` (else `anonymousId`), `timestamp` and `messageId`; other Segment types are ignored.
 
@@ -86,7 +87,7 @@ bytes), so it is reported by field; other extension types are rejected as they a
 
 SEGMENT_EVENT_TYPES: Final = {"track": None, "page": "page.viewed", "screen": "screen.viewed"}
 SEGMENT_OTHER_TYPES: Final = frozenset({"identify", "group", "alias"})
-COMMANDS: Final = frozenset({"event", "end", "revealed"})
+COMMANDS: Final = frozenset({"event", "end", "revealed", "erase"})
 
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
 _JSON_STRING: Final = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
@@ -273,6 +274,9 @@ def event_from_message(obj: Mapping[str, Any], *, fallback_ts: int | None = None
         return Event(user, at, type="end", id=event_id)
     if kind == "revealed":
         return Event(user, at, type="revealed", intent=_string(obj, "intent"), id=event_id)
+    if kind == "erase":
+        _optional_string(obj, "reason")  # the operator's note: checked, kept in the input only
+        return Event(user, at, type="erase", id=event_id)
     return Event(user, at, name=_string(obj, "name"), id=event_id)
 
 

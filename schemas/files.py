@@ -7,7 +7,7 @@ import csv
 import io
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from json.encoder import (  # type: ignore[attr-defined]
     c_make_encoder,
@@ -498,14 +498,13 @@ def read_sorted_events(
 
     With `config`, a producer's retry (an id the user had within the config's `dedupeWindow`)
     is left out, as the worker and `oracular replay` skip it, wherever it stands in the file.
+    So are the erase commands and, wherever they stand, the erased users' events at or before
+    their erase time (`erased_users`): as `oracular replay` leaves them out.
 
     Raises:
         EventFileError: at the first unparseable or out-of-order line, naming it.
     """
-    events: list[Event] = []
-    last: dict[str, tuple[int, str]] = {}
-    recent: dict[str, RecentIds] = {}
-    window = 0 if config is None else config.dedupe_window_ms
+    read: list[tuple[Event, str]] = []
     with path.open("rb") as handle:
         now_ms = int(time.time() * 1000)
         for line in _named(path, plausible_times(read_lines(handle, fmt, columns), now_ms)):
@@ -514,26 +513,65 @@ def read_sorted_events(
             if line.event is None:
                 msg = f"{path}: {line.error}"
                 raise EventFileError(msg)
-            event = line.event
-            if window > 0 and event.id is not None and config is not None:
-                digest = id_digest(event.id)
-                ids = recent.get(event.user, NO_IDS)
-                if digest in ids:
-                    continue
-                at = max(event.at, last[event.user][0]) if event.user in last else event.at
-                ids, _ = remember(ids, digest, at, window_ms=window, max_ids=config.dedupe_max_ids)
-                recent[event.user] = ids
-            previous = last.get(event.user)
-            if previous is not None and event.at < previous[0]:
-                msg = (
-                    f"{path}: {line.where}: user {event.user!r} at {event.at} comes after "
-                    f"their event at {previous[0]} ({previous[1]}); sort the file by time "
-                    "within each user"
-                )
-                raise EventFileError(msg)
-            last[event.user] = (event.at, line.where)
-            events.append(event)
+            read.append((line.event, line.where))
+    erased = erased_users(event for event, _ in read)
+    events: list[Event] = []
+    last: dict[str, tuple[int, str]] = {}
+    recent: dict[str, RecentIds] = {}
+    window = 0 if config is None else config.dedupe_window_ms
+    for event, where in read:
+        if erased and (event.type == "erase" or event.at <= erased.get(event.user, event.at - 1)):
+            continue
+        if window > 0 and event.id is not None and config is not None:
+            digest = id_digest(event.id)
+            ids = recent.get(event.user, NO_IDS)
+            if digest in ids:
+                continue
+            at = max(event.at, last[event.user][0]) if event.user in last else event.at
+            ids, _ = remember(ids, digest, at, window_ms=window, max_ids=config.dedupe_max_ids)
+            recent[event.user] = ids
+        previous = last.get(event.user)
+        if previous is not None and event.at < previous[0]:
+            msg = (
+                f"{path}: {where}: user {event.user!r} at {event.at} comes after "
+                f"their event at {previous[0]} ({previous[1]}); sort the file by time "
+                "within each user"
+            )
+            raise EventFileError(msg)
+        last[event.user] = (event.at, where)
+        events.append(event)
     return events
+
+
+def erased_users(events: Iterable[Event]) -> dict[str, int]:
+    """User -> the latest erase time among the erase commands of `events`."""
+    erased: dict[str, int] = {}
+    for event in events:
+        if event.type == "erase" and event.at > erased.get(event.user, event.at - 1):
+            erased[event.user] = event.at
+    return erased
+
+
+def scan_erasures(path: Path, fmt: FileFormat, columns: CsvColumns | None = None) -> dict[str, int]:
+    """The erased users of an events file (`erased_users`), read ahead of a replay. A file
+    without the bytes `erase` anywhere (nearly every file: a search at memory speed) holds no
+    erase command and is not decoded.
+    """
+    with path.open("rb") as handle:
+        if not _contains(handle, b"erase"):
+            return {}
+        handle.seek(0)
+        return erased_users(line.event for line in read_lines(handle, fmt, columns) if line.event)
+
+
+def _contains(handle: BinaryIO, needle: bytes, chunk: int = 1 << 20) -> bool:
+    """Whether the open file holds `needle` (read in chunks that overlap by its length)."""
+    tail = b""
+    while block := handle.read(chunk):
+        if needle in tail + block[: len(needle)] or needle in block:
+            return True
+        tail = block[-len(needle) :]
+    return False
 
 
 def _named(path: Path, lines: Iterator[Line]) -> Iterator[Line]:

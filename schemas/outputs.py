@@ -5,7 +5,8 @@ delivery may bring, and a replay and a live run can be compared message by messa
 
 - a prediction: `<user>:<event id>`, or `<user>:#<n>` for an event without an id, where n
   counts the inputs applied to that user (1 for its first);
-- a closed episode: `<user>:<started_at>/<n>`, n counting the user's closed episodes.
+- a closed episode: `<user>:<started_at>/<n>`, n counting the user's closed episodes;
+- an erasure: `<user>:#erased@<erase time>` (on the predictions topic).
 
 In `<user>` and `<event id>`, the characters `%`, `:`, `#` and `/` are written as `%25`,
 `%3A`, `%23` and `%2F`, so no two different (user, event id) pairs give the same id and an
@@ -90,6 +91,20 @@ def prediction_message(
         "type": event.type,
         "event": event.name if event.type == "event" else event.intent,
         "intents": intents,
+    }
+
+
+def erased_message(user: str, erased_at: int, command: str | None) -> dict[str, Any]:
+    """The `oracular.predictions` message that says the user was erased at `erased_at` (by
+    the erase command `command`, its id if it had one): a downstream store deletes the user's
+    predictions on it. Its id is the same however often the command is applied."""
+    return {
+        "id": f"{id_part(user)}:#erased@{erased_at}",
+        "user": user,
+        "at": erased_at,
+        "type": "erased",
+        "event": command,
+        "intents": {},
     }
 
 

@@ -21,6 +21,7 @@ from schemas.files import (
     plausible_times,
     read_lines,
     read_sorted_events,
+    scan_erasures,
     write_jsonl,
 )
 from schemas.outputs import DLQ, EPISODES, PREDICTIONS
@@ -220,12 +221,21 @@ def run_replay(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         return fail("replay", f"cannot write --out {args.out}: {exc.strerror}", "write elsewhere")
+    try:  # a pipe cannot be read ahead: its erasures apply from their commands on
+        erased = (
+            {}
+            if args.events == "-"
+            else scan_erasures(source, file_format(source, args.format), columns(args))
+        )
+    except EventFileError as exc:
+        return fail("replay", f"{source}: {exc}", input_todo(file_format(source, args.format)))
     config_run = OfflineRun(
         config,
         str(source),
         clock,
         memory_users=max(args.memory * 2**20 // USER_BYTES, 1),
         spill_dir=args.spill_dir,
+        erased=erased,
     )
     try:
         return _replay(args, config_run, handle, out, (source, total, until))
@@ -290,6 +300,7 @@ def _summary(config_run: OfflineRun, elapsed: float) -> None:
         "predictions",
         "episodes",
         *(("expired",) if config_run.config.state_ttl_ms is not None else ()),
+        *(("erasures", "erased") if counts["erasures"] or counts["erased"] else ()),
     )
     summary = ", ".join(f"{name.replace('_', '-')} {counts[name]:,}" for name in shown)
     rate = config_run.processor.handled() / max(elapsed, 1e-9)

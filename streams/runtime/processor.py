@@ -51,20 +51,31 @@ from schemas.outputs import (
     dlq_message,
     encode_output,
     episode_message,
+    erased_message,
     prediction_message,
 )
 from schemas.plausible import EARLIEST_MS, implausible
 from schemas.stored import StoredUser, decode_stored, encode_stored, id_digest, stored_index
 from schemas.ticks import decode_tick
+from streams.runtime.erasure import OFFLINE_KEY, Erasures, MarkerError, encode_marker, is_marker
 from streams.settings import default
 
 log = logging.getLogger(__name__)
 
-HANDLED: Final = ("applied", "redelivered", "duplicate_id", "dead_lettered", "ignored")
+HANDLED: Final = (
+    "applied",
+    "redelivered",
+    "duplicate_id",
+    "dead_lettered",
+    "ignored",
+    "erasures",
+    "erased",
+)
 """Every consumed input message is counted as exactly one of these: `redelivered` is an
 input at or below its user's last applied offset (Kafka delivered it again after a crash or a
 rebalance), `duplicate_id` a producer's retry: an event id the user applied within the dedupe
-window."""
+window; `erasures` an erase command applied, `erased` an input of an erased user at or before
+its erase time, skipped (streams/runtime/erasure.py)."""
 REPORTED: Final = (
     *HANDLED,
     "late",
@@ -264,6 +275,8 @@ class Batch:
     """Users changed by earlier batches and not written yet (`StateCache.unwritten`)."""
     timer_closes_left: int | None = None
     """How many more episodes the timer may close in this batch (None: no limit)."""
+    markers: dict[bytes, StateWrite] = field(default_factory=dict)
+    """Erasure markers the batch wrote: marker key -> its write (streams/runtime/erasure.py)."""
 
     def slot(self, key: bytes, message: InMessage) -> _Slot:
         """The user's state for this batch, from the cache or read from the table (a new
@@ -308,6 +321,7 @@ class Batch:
         for key, slot in self.slots.items():
             if slot.dirty:
                 yield key, None if slot.gone else encode_stored(slot.user), slot.partition
+        yield from self.markers.values()
 
 
 class Processor:
@@ -326,12 +340,14 @@ class Processor:
         timer_closes_per_batch: int | None = None,
         faults: tuple[type[BaseException], ...] = (),
         index_users: bool = True,
+        erasure_key: bytes = OFFLINE_KEY,
     ) -> None:
         """Set up for one worker; partitions' time starts unknown. `faults`: exceptions of
         the machine (the table's storage errors) that a message must never be dead-lettered
         for: they are raised (the worker stops, streams/runtime/failstop.py). `index_users`:
         keep the deadline and expiry indexes as inputs apply (an offline run, which closes
-        nothing until its end, fills them itself then)."""
+        nothing until its end, fills them itself then). `erasure_key` keys the digests of
+        erased users' markers (streams/runtime/erasure.py)."""
         self.index_users = index_users
         self.config = config
         self.faults: tuple[type[BaseException], ...] = (MemoryError, *faults)
@@ -393,6 +409,10 @@ class Processor:
         partition is at its end once the batch is written (`took_tick_at_end`)."""
         self.quarantined: set[bytes] = set()
         """Users whose stored state cannot be read: their inputs are dead-lettered."""
+        self.erasures = Erasures(erasure_key)
+        """Erased users' erase times (streams/runtime/erasure.py)."""
+        self.unwritten_markers: dict[bytes, StateWrite] = {}
+        """Erasure markers of staged batches, written with the staged users by `commit`."""
         self._gap_logged: dict[int, int] = {}
 
     def batch(self, table: Table) -> Batch:
@@ -423,6 +443,7 @@ class Processor:
                 changed.append(slot)
             elif key not in unwritten:
                 cache.put(key, slot.user)
+        self.unwritten_markers.update(batch.markers)
         if changed and encode():
             for slot in changed:
                 if slot.encoded is None and not slot.gone:
@@ -445,7 +466,10 @@ class Processor:
             )
             for key, slot in unwritten.items()
         ]
+        writes += self.unwritten_markers.values()
         store(writes)
+        self.unwritten_markers.clear()
+        self.erasures.written()
         for key, slot in list(unwritten.items()):
             if slot.gone:
                 cache.users.pop(key, None)
@@ -458,6 +482,8 @@ class Processor:
         """Forget the staged users (their inputs are read again); how many."""
         dropped = len(self.cache.unwritten)
         self.cache.unwritten.clear()
+        self.unwritten_markers.clear()
+        self.erasures.discard()
         return dropped
 
     def staged(self) -> int:
@@ -615,7 +641,10 @@ class Processor:
         outputs) happens before the batch changes, so a failure dead-letters the message
         and leaves the user as it was. `wall_ms` is the run's clock (docs/time.md).
         """
-        found = self._user_of(batch, message, event)
+        if event.type == "erase":
+            self._erase(batch, message, event, wall_ms)
+            return
+        found = self._user_of(batch, message, event, wall_ms)
         if found is None:
             return
         key, slot = found
@@ -638,14 +667,19 @@ class Processor:
         self._commit(batch, message, key, slot, step, digest=digest)
 
     def _user_of(
-        self, batch: Batch, message: InMessage, event: Event
+        self, batch: Batch, message: InMessage, event: Event, wall_ms: int | None
     ) -> tuple[bytes, _Slot] | None:
-        """The input's user key and state, or None once the input is dead-lettered (a key
-        that is not its user, a user whose stored state cannot be read)."""
+        """The input's user key and state, or None once the input is done with: dead-lettered
+        (a key that is not its user, a user whose stored state cannot be read), or skipped
+        as an erased user's."""
         try:
             key = _user_key(message.key, event.user)
         except DecodeError as exc:
             self.dead_letter(batch, message, str(exc))
+            return None
+        erased_at = self.erasures.erased_at(key, message.partition)
+        if erased_at is not None and event.at <= erased_at:
+            self._skip_erased(batch, message, event, wall_ms)
             return None
         if key in self.quarantined:
             self.dead_letter(batch, message, _quarantine_reason(event.user, "see earlier"))
@@ -677,6 +711,61 @@ class Processor:
             self.dead_letter(batch, message, ahead)
             return True
         return False
+
+    def _skip_erased(
+        self, batch: Batch, message: InMessage, event: Event, wall_ms: int | None
+    ) -> None:
+        """Skip an input of an erased user at or before its erase time (`erased`).
+
+        The partition's clock moves by it as it moved when the worker applied it before the
+        erasure, so every other user's outputs stay those of the live run. A clock running
+        too far ahead is refused first, as it was then.
+        """
+        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
+        if ahead is not None:
+            self.counts["clock_ahead"] += 1
+            self.dead_letter(batch, message, ahead)
+            return
+        clock = self._clock(message.partition)
+        if clock.event_time is None or event.at > clock.event_time:
+            clock.event_time = event.at
+        self.count_input("erased", message.partition)
+
+    def _erase(self, batch: Batch, message: InMessage, event: Event, wall_ms: int | None) -> None:
+        """Apply an erase command: delete the user's state (a changelog tombstone, even where
+        none is stored here, so no stale value survives compaction), whether or not it can be
+        read; remember the erasure by a marker; publish the `erased` message."""
+        try:
+            key = _user_key(message.key, event.user)
+        except DecodeError as exc:
+            self.dead_letter(batch, message, str(exc))
+            return
+        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
+        if ahead is not None:  # an erase time in the future would erase what is yet to come
+            self.counts["clock_ahead"] += 1
+            self.dead_letter(batch, message, ahead)
+            return
+        partition = message.partition
+        erasures = self.erasures
+        marker = erasures.key(key)
+        erased_at = max(event.at, erasures.erased_at(key, partition) or event.at)
+        # The output is made first: encoding can fail, and the batch is then unchanged.
+        message_out = self._output(
+            PREDICTIONS, key, erased_message(event.user, erased_at, event.id)
+        )
+        fresh = StoredUser(create_state(self.config), partition, -1)
+        batch.slots[key] = _Slot(fresh, partition, dirty=True, gone=True)
+        self.quarantined.discard(key)  # an unreadable state is deleted like any other
+        self.counts["quarantined"] = len(self.quarantined)
+        self.open.get(partition, {}).pop(key, None)
+        queue = self.expiries.get(partition)
+        if queue is not None:
+            queue.pop(key, None)
+        erasures.record(partition, marker, erased_at)
+        batch.markers[marker] = (marker, encode_marker(partition, erased_at, event.id), partition)
+        batch.outputs.append(message_out)
+        self.counts[PREDICTIONS] += 1
+        self.count_input("erasures", partition)
 
     def _commit(
         self,
@@ -1052,7 +1141,15 @@ class Processor:
         self.cache.clear()
         timeout, ttl = self.config.episode_timeout_ms, self.config.state_ttl_ms
         expiries: dict[int, list[tuple[int, bytes]]] = {}
+        self.erasures.clear()
+        self.unwritten_markers.clear()
         for key, raw in items:
+            if is_marker(key):
+                try:
+                    self.erasures.load(key, raw)
+                except MarkerError:
+                    self.counts["unreadable_states"] += 1
+                continue
             try:
                 index = stored_index(raw)
             except EngineError:
@@ -1103,6 +1200,7 @@ class Processor:
             self.expiries.pop(partition, None)
             self._gap_logged.pop(partition, None)
         self.cache.drop(partitions)
+        self.erasures.drop(partitions)
 
     def _clock(self, partition: int) -> PartitionClock:
         clock = self.clocks.get(partition)

@@ -16,7 +16,7 @@ import base64
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from engine import END_OF_TIME, EngineConfig, EngineState, Event, serialize
@@ -82,11 +82,14 @@ class OfflineRun:
         *,
         memory_users: int | None = None,
         spill_dir: str | None = None,
+        erased: Mapping[str, int] | None = None,
     ) -> None:
         """`source` names the input in dead-letter records (as the topic does live);
         `clock_ms` is the run's clock (default: now) for the bound on clocks running ahead;
         `memory_users`: most users held decoded (None: every user), the others written under
-        `spill_dir` (the system's temporary directory: None)."""
+        `spill_dir` (the system's temporary directory: None); `erased`: user -> erase time,
+        read ahead from the input (`schemas.files.scan_erasures`): those users' inputs at or
+        before it are skipped wherever they stand, not only after their erase command."""
         self.config = config
         self.source = source
         self.clock_ms = int(time.time() * 1000) if clock_ms is None else clock_ms
@@ -98,6 +101,8 @@ class OfflineRun:
             output_format=None,  # each output's message is written as a JSON line
             index_users=False,  # `finish` reads every user instead
         )
+        if erased:
+            self.processor.erasures.learn(erased)
         limit = sys.maxsize if memory_users is None else max(memory_users, 1)
         self._held = HeldUsers(limit, spill_dir)
         self.table = self._held.table
@@ -270,9 +275,11 @@ def replay_outputs(
     *,
     until: int = END_OF_TIME,
     clock_ms: int | None = None,
+    erased: Mapping[str, int] | None = None,
 ) -> tuple[list[Output], OfflineRun]:
-    """Every output of `events` replayed offline, and the run (for its states and counts)."""
-    run = OfflineRun(config, clock_ms=clock_ms)
+    """Every output of `events` replayed offline, and the run (for its states and counts);
+    `erased` as `OfflineRun` takes it."""
+    run = OfflineRun(config, clock_ms=clock_ms, erased=erased)
     outputs: list[Output] = []
     for index, event in enumerate(events):
         outputs.extend(run.feed_event(index, event))

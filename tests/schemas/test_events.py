@@ -127,7 +127,7 @@ def test_missing_ts_falls_back_to_the_record_timestamp():
         ),
         (
             msgpack.packb({"user": "u", "type": "delete", "ts": TS}),
-            "field 'type' must be one of end, event",
+            "field 'type' must be one of end, erase, event",
         ),
         (
             msgpack.packb({"user": "u", "type": "revealed", "ts": TS}),
