@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -154,6 +155,25 @@ def event_message(event: Event, **extra: Any) -> dict[str, Any]:
             message[name] = value
     message.update(extra)
     return message
+
+
+def erase_command(user: str, at: int, reason: str | None = None) -> dict[str, Any]:
+    """The input message that erases `user` at `at` (`oracular forget`, `DELETE
+    /v1/users/{user}`), with a new id that names it in the `erased` output.
+
+    Raises:
+        DecodeError: the user or the reason breaks a rule of the input (as a message would).
+    """
+    command: dict[str, Any] = {
+        "id": f"erase-{uuid.uuid4().hex}",
+        "user": user,
+        "type": "erase",
+        "ts": at,
+    }
+    if reason:
+        command["reason"] = reason
+    event_from_message(command)  # the worker must accept what is sent
+    return command
 
 
 def encode_event(event: Event, *, as_json: bool = False, **extra: Any) -> bytes:

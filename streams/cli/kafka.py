@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ def register(commands: Any) -> None:
         _add_worker,
         _add_backfill,
         _add_produce,
+        _add_forget,
         _add_tail,
         _add_reset,
         _add_topics,
@@ -283,6 +285,75 @@ def _add_tail(commands: Any) -> None:
     tail.set_defaults(run=run_tail)
 
 
+def _add_forget(commands: Any) -> None:
+    forget = commands.add_parser(
+        "forget",
+        help="erase users for good (an erase command per user on the input topic)",
+        description="Append an erase command for each USER to the input topic, keyed by the "
+        "user, so it is ordered with the user's events. The worker that owns the user deletes "
+        "its state (local store, changelog tombstone, lookup replica), remembers the erasure by "
+        "a keyed digest of the id (ORACULAR_ERASURE_KEY), and publishes `erased` on the "
+        "predictions topic; a later backfill or replay skips the user's inputs up to the erase "
+        "time (docs/lifecycle.md). Prints each command's id, the proof to keep. Needs a broker "
+        "and the input topic (exit 69 otherwise).",
+        epilog='examples:\n  oracular forget user-42 --reason "GDPR request 2026-118"\n'
+        "  oracular forget u1 u2 u3 --topic-prefix shop",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    forget.add_argument("users", nargs="+", metavar="USER", help="the user ids to erase")
+    forget.add_argument("--reason", help="why (kept in each command on the input topic)")
+    forget.add_argument(
+        "--at",
+        help="the erase time (epoch ms or ISO-8601; default now): the user's inputs up to it "
+        "are erased, later ones start a new user",
+    )
+    add_flag(forget, "broker")
+    add_flag(
+        forget,
+        "topic_prefix",
+        metavar="PREFIX",
+        text="erase in the run with this topic prefix, PREFIX.events (ORACULAR_TOPIC_PREFIX)",
+    )
+    forget.set_defaults(run=run_forget)
+
+
+@kafka_command("forget")
+def run_forget(args: argparse.Namespace) -> int:
+    """`oracular forget`: erase commands onto the input topic."""
+    import time
+
+    from schemas.events import DecodeError, erase_command, show_time
+    from streams.tools.kafkatools import run, send_commands
+
+    try:
+        at = time_flag(args.at, "--at")
+    except ValueError as exc:
+        return fail("forget", str(exc), "give epoch milliseconds or an ISO-8601 time")
+    at = int(time.time() * 1000) if at is None else at
+    commands = []
+    for user in dict.fromkeys(args.users):  # each user once, in the order given
+        try:
+            commands.append(erase_command(user, at, args.reason))
+        except DecodeError as exc:
+            return fail(
+                "forget", f"user {user[:64]!r}: {exc}", "give user ids as the events name them"
+            )
+    settings = kafka_settings(args)
+    topic = settings.topics.events.name
+    _require_broker(settings, [topic])
+    written = run(send_commands(settings.broker, topic, commands, settings.client_kwargs()))
+    if written is None:  # interrupted
+        return fail("forget", "interrupted: some commands may not be written", "run it again")
+    predictions = settings.topics.predictions.name
+    for command, (partition, offset) in zip(commands, written, strict=True):
+        print(
+            f"forget: {command['user']}: command {command['id']} at {show_time(at)} written to "
+            f"{topic} partition {partition} offset {offset}; the worker's `erased` message on "
+            f"{predictions} confirms it"
+        )
+    return 0
+
+
 def _add_reset(commands: Any) -> None:
     reset = commands.add_parser(
         "reset",
@@ -480,8 +551,11 @@ def run_backfill(args: argparse.Namespace) -> int:
             return _backfill_processes(args, settings, span)
     else:
         try:
-            span = Range.from_json(args.part_of)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            part_of = args.part_of
+            if part_of.startswith("@"):  # a range too long for a command line: its file
+                part_of = Path(part_of[1:]).read_text(encoding="utf-8")
+            span = Range.from_json(part_of)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             msg = f"--part-of is not a range from a parallel backfill ({type(exc).__name__})"
             return fail("backfill", msg, "leave --part-of to `backfill --processes`")
     started = time.monotonic()
@@ -498,6 +572,7 @@ def run_backfill(args: argparse.Namespace) -> int:
         else (lambda: os.kill(os.getpid(), signal.SIGTERM)),
         # One of several processes: the parent prints the progress of them all.
         progress=None if one_of_many else Progress("backfill", total=span.total, unit="messages"),
+        erased=span.erased,
         owned=(lambda: _owned(app, events_topic)) if one_of_many else None,
     )
     use_fast_event_loop()
@@ -549,7 +624,13 @@ def _backfill_processes(args: argparse.Namespace, settings: Any, span: Any) -> i
     env = {**main_env(), **as_environment(flag_values(args))}
     environments = child_environments(args.processes, env, settings.state_dir)
     argv = ["--loglevel", args.loglevel, "--app-id", settings.app_id]
-    argv += ["--output-suffix", args.output_suffix, "--part-of", span.to_json()]
+    part_of = span.to_json()
+    if len(part_of) > MAX_ARGUMENT_CHARS:  # many erasures: the range goes in a file
+        ranged = settings.state_dir / "backfill-range.json"
+        ranged.parent.mkdir(parents=True, exist_ok=True)
+        ranged.write_text(part_of, encoding="utf-8")
+        part_of = f"@{ranged}"
+    argv += ["--output-suffix", args.output_suffix, "--part-of", part_of]
     progress = Progress("backfill", total=span.total, unit="messages")
     client = settings.client_kwargs()
     events_topic = settings.topics.events.name
@@ -596,6 +677,8 @@ def finished_marker(state_dir: Path) -> Path:
 
 
 PARALLEL_PROGRESS_S = 5.0
+MAX_ARGUMENT_CHARS = 64_000
+"""Longest `--part-of` range handed on a command line (Linux allows 128 KiB an argument)."""
 """How often a parallel backfill's parent reads the group's committed offsets for progress."""
 
 
@@ -627,8 +710,9 @@ def _backfill_settings(args: argparse.Namespace) -> tuple[Any, int | None]:
 def _prepare_backfill(settings: Any, since: int | None) -> Any:
     """Check the broker, the input topic and the app id, capture the range, create outputs,
     commit --since."""
+    from streams.runtime.erasure import erasure_key
     from streams.tools.admin import prepare_deployment
-    from streams.tools.backfill import capture_range, check_fresh, commit_start
+    from streams.tools.backfill import capture_range, check_fresh, commit_start, scan_erasures
     from streams.tools.kafkatools import run
 
     client = settings.client_kwargs()
@@ -637,12 +721,19 @@ def _prepare_backfill(settings: Any, since: int | None) -> Any:
     run(prepare_deployment(settings))
     run(check_fresh(settings.broker, settings.app_id, client))
     span = run(capture_range(settings.broker, events, since, client))
+    if span.total:
+        secret, skew = erasure_key(settings), settings.max_skew_ms
+        markers = run(
+            scan_erasures(settings.broker, events, span, secret, max_skew_ms=skew, client=client)
+        )
+        span = dataclasses.replace(span, erased=markers)
     if since is not None:
         run(commit_start(settings.broker, settings.app_id, events, span.start, client))
+    erased = f"; the inputs of {len(span.erased):,} erased user(s) skipped" if span.erased else ""
     print(
         f"backfill {settings.app_id}: {span.total:,} messages of {events} "
         f"(start {span.start}, end {span.stop}); outputs to "
-        f"{settings.topics.predictions.name} and {settings.topics.episodes.name}",
+        f"{settings.topics.predictions.name} and {settings.topics.episodes.name}{erased}",
         file=sys.stderr,
     )
     return span

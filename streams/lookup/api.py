@@ -51,6 +51,7 @@ from yarl import URL
 
 from engine import EngineConfig, EngineError
 from engine.episodes import Reason
+from schemas.events import DecodeError, erase_command
 from schemas.lookup_api import openapi_document
 from streams.faust import patches as faust_patches
 from streams.lookup.crosssite import check_request
@@ -88,6 +89,7 @@ from streams.lookup.serving import (
     parse_at,
     parse_batch,
     parse_bool,
+    parse_erase,
     parse_reveal,
     partition_for,
     read_user,
@@ -241,6 +243,7 @@ def build_web_app(api: Api) -> web.Application:
     app.router.add_get("/v1/users/{user}/intents/{intent}", handlers.intent)
     app.router.add_post("/v1/lookup", handlers.batch)
     app.router.add_post("/v1/users/{user}/revealed", handlers.revealed)
+    app.router.add_delete("/v1/users/{user}", handlers.erase)
     app.on_startup.append(lambda _: api.start())
     app.on_cleanup.append(lambda _: api.close())
     return app
@@ -817,17 +820,32 @@ class _Handlers:
             "intent": intent,
             "ts": ts,
         }
+        return await self._append_command(user, command, self.api.metrics.reveals, "reveal")
+
+    async def erase(self, request: web.Request) -> web.Response:
+        user = check_user(request.match_info["user"])
+        reason = parse_erase(await read_body(request, self.api.limits))
+        try:
+            command = erase_command(user, self.api.clock(), reason)
+        except DecodeError as exc:
+            raise ApiError(400, str(exc)) from exc
+        return await self._append_command(user, command, self.api.metrics.erasures, "erasure")
+
+    async def _append_command(
+        self, user: str, command: dict[str, Any], counter: Counter[Any], what: str
+    ) -> web.Response:
+        """Append a command to the input topic keyed by `user`; 202 with where it went."""
         partition = partition_for(user, self.node.partitions)
         try:
             written, offset = await self.node.append(
                 user.encode(), msgpack.packb(command), partition
             )
         except Exception as exc:
-            self.api.metrics.reveals[(("outcome", "failed"),)] += 1
-            log.warning("lookup API: could not append a reveal for %r: %s", user[:64], exc)
-            msg = f"could not append the reveal to {self.node.events_topic}: {exc}; retry"
+            counter[(("outcome", "failed"),)] += 1
+            log.warning("lookup API: could not append an %s for %r: %s", what, user[:64], exc)
+            msg = f"could not append the {what} to {self.node.events_topic}: {exc}; retry"
             raise ApiError(503, msg, retry_after=RETRY_AFTER_S) from exc
-        self.api.metrics.reveals[(("outcome", "accepted"),)] += 1
+        counter[(("outcome", "accepted"),)] += 1
         return _json(
             {
                 "accepted": True,

@@ -109,6 +109,7 @@ class Metrics:
     lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LOOKUP_BUCKETS))
     forwards: Counter[Labels] = field(default_factory=Counter)
     reveals: Counter[Labels] = field(default_factory=Counter)
+    erasures: Counter[Labels] = field(default_factory=Counter)
     batch_seconds: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     batch_messages: int = 0
 
@@ -132,6 +133,11 @@ class Metrics:
         reveals = Family("oracular_reveals_total", "counter", "Reveal commands by outcome.")
         for labels, value in sorted(self.reveals.items()):
             reveals.add(value, labels)
+        erasures = Family(
+            "oracular_erase_commands_total", "counter", "Erase commands (DELETE) by outcome."
+        )
+        for labels, value in sorted(self.erasures.items()):
+            erasures.add(value, labels)
         return [
             lookups,
             self.lookup_seconds.family(
@@ -139,6 +145,7 @@ class Metrics:
             ),
             forwards,
             reveals,
+            erasures,
             self.batch_seconds.family(
                 "oracular_batch_seconds", "Time to apply one agent batch (outputs, states)."
             ),

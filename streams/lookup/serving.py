@@ -454,6 +454,24 @@ def parse_reveal(
     return intents[0], ts
 
 
+def parse_erase(body: bytes) -> str | None:
+    """The reason of a `DELETE /v1/users/{user}` body: empty, or `{"reason": "..."}`."""
+    if not body.strip():
+        return None
+    if len(body) > 4096:
+        raise ApiError(413, f"the body is {len(body)} bytes; the limit is 4096")
+    obj = parse_json(body)
+    if not isinstance(obj, dict):
+        raise ApiError(400, 'the body must be empty or {"reason": "<why>"}')
+    unknown = sorted(set(obj) - {"reason"})
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:64]!r}: use reason")
+    reason = obj.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 1024):
+        raise ApiError(400, "reason must be a string of at most 1024 characters")
+    return reason or None
+
+
 # --- routing ------------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from streams.runtime.commit import BatchCommit, Progress
 from streams.runtime.datadir import DatadirError, DatadirInUse
 from streams.runtime.datadir import prepare as prepare_datadir
 from streams.runtime.diskguard import DiskGuard
+from streams.runtime.erasure import erasure_key
 from streams.runtime.failstop import FAIL_STOP
 from streams.runtime.faults import KillSwitch
 from streams.runtime.fencing import Fence
@@ -164,11 +165,14 @@ def create_runtime(
         output_format=settings.output_format,  # type: ignore[arg-type]  # checked: msgpack|json
         stop_offsets=None if backfill is None else backfill.stop,
         cache_users=settings.state_cache_users,
+        erasure_key=erasure_key(settings),
         # A mass of due closes (a backfill's end, live input after a backlog) is spread over
         # ticks sent at once, so no batch stalls the worker for seconds on them.
         timer_closes_per_batch=TIMER_CLOSES_PER_BATCH,
         faults=(faust_patches.StoreError,),  # a storage fault stops the worker (failstop.py)
     )
+    if backfill is not None:
+        processor.erasures.learn_markers(backfill.erased)
     runtime = Runtime(
         app,
         processor,

@@ -41,6 +41,8 @@ class Backfill:
     """`done()` was called."""
     progress: Progress | None = None
     """Advanced with the messages handled so far (of stop − start)."""
+    erased: dict[str, int] = field(default_factory=dict)
+    """`Range.erased`: the processor knows them before the first input."""
     deleted: dict[int, int] = field(default_factory=dict)
     """Partition -> its log start, where the broker deleted the input up to the stop offset
     before it was read (retention): nothing is left there to handle."""
@@ -123,6 +125,9 @@ class Range:
 
     start: dict[int, int]
     stop: dict[int, int]
+    erased: dict[str, int] = field(default_factory=dict)
+    """The erased users' markers (hex keys, streams/runtime/erasure.py) -> erase time, read
+    ahead from the range: the backfill skips their inputs from the start."""
 
     @property
     def total(self) -> int:
@@ -138,7 +143,7 @@ class Range:
 
     def to_json(self) -> str:
         """The range as JSON (handed to the processes of a parallel backfill)."""
-        return json.dumps({"start": self.start, "stop": self.stop})
+        return json.dumps({"start": self.start, "stop": self.stop, "erased": self.erased})
 
     @classmethod
     def from_json(cls, text: str) -> Range:
@@ -147,4 +152,5 @@ class Range:
         return cls(
             {int(p): int(o) for p, o in value["start"].items()},
             {int(p): int(o) for p, o in value["stop"].items()},
+            {str(k): int(t) for k, t in value.get("erased", {}).items()},
         )

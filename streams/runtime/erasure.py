@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 import msgpack
 
@@ -32,6 +32,14 @@ TAG: Final = "oracular.erased/1"
 DIGEST_BYTES: Final = 16
 OFFLINE_KEY: Final = b"oracular offline run"
 """The digest key of a run whose markers never leave its memory (replay, tune, evaluate)."""
+PUBLIC_KEY: Final = b"oracular erasure markers"
+"""The digest key when ORACULAR_ERASURE_KEY is unset (docs/lifecycle.md says to set one)."""
+
+
+def erasure_key(settings: Any) -> bytes:
+    """The digest key of the worker's markers: ORACULAR_ERASURE_KEY, else the public one."""
+    key: str | None = settings.erasure_key
+    return PUBLIC_KEY if not key else key.encode()
 
 
 class MarkerError(ValueError):
@@ -102,6 +110,12 @@ class Erasures:
         for user, erased_at in users.items():
             marker = self.key(user.encode())
             self.known[marker] = max(erased_at, self.known.get(marker, erased_at))
+
+    def learn_markers(self, markers: Mapping[str, int]) -> None:
+        """Know these markers (hex key -> erase time) as erased: read ahead by a backfill."""
+        for marker, erased_at in markers.items():
+            key = bytes.fromhex(marker)
+            self.known[key] = max(erased_at, self.known.get(key, erased_at))
 
     def erased_at(self, user_key: bytes, partition: int) -> int | None:
         """The user's latest erase time, or None if it was never erased."""

@@ -207,6 +207,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "client certificate for mutual TLS"),
     Setting("ssl_keyfile", "ORACULAR_SSL_KEYFILE", str, None,
             "the client certificate's private key (never logged)", secret=True),
+    Setting("erasure_key", "ORACULAR_ERASURE_KEY", str, None,
+            "secret key of the digests that remember erased users (docs/lifecycle.md). Unset: "
+            "a fixed, public key, so whoever reads the changelog can test a guessed user id "
+            "against them. Keep it once users are erased: under another key their markers are "
+            "not found", secret=True),
     Setting("api_host", "ORACULAR_API_HOST", str, "127.0.0.1",
             "the lookup API's bind address (docs/serving.md)", "--api-host"),
     Setting("api_port", "ORACULAR_API_PORT", int, None,
@@ -351,6 +356,7 @@ class Settings:
     ssl_cafile: str | None = default("ssl_cafile")
     ssl_certfile: str | None = default("ssl_certfile")
     ssl_keyfile: str | None = field(default=default("ssl_keyfile"), repr=False)
+    erasure_key: str | None = field(default=default("erasure_key"), repr=False)
     api_host: str = default("api_host")
     api_port: int | None = default("api_port")
     api_url: str | None = default("api_url")

@@ -14,7 +14,10 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from schemas.events import DecodeError, IgnoredMessage, decode_event
 from streams.runtime.backfill import Range
+from streams.runtime.erasure import marker_key
+from streams.runtime.progress import Progress
 from streams.tools.admin import BrokerError, quiet_aiokafka
 from streams.tools.reset import plan_reset
 
@@ -93,3 +96,73 @@ async def commit_start(
         )
     finally:
         await consumer.stop()
+
+
+async def scan_erasures(
+    bootstrap: str,
+    topic: str,
+    span: Range,
+    secret: bytes,
+    *,
+    max_skew_ms: int,
+    client: Mapping[str, Any] | None = None,
+) -> dict[str, int]:
+    """The erase commands of the range, read ahead: marker key (hex) -> the latest erase
+    time of its user. Only the commands the worker applies count: keyed by their user, and
+    not dated beyond the allowed skew past their record's timestamp. A value without the bytes
+    `erase` is not decoded (nearly every record: the read costs little more than the fetch).
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",  # a start the broker deleted since: its first offset
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        **(client or {}),
+    )
+    erased: dict[str, int] = {}
+    left = {p: o for p, o in span.stop.items() if o > span.start.get(p, 0)}
+    progress = Progress("backfill: reading ahead for erase commands", span.total, unit="messages")
+    try:
+        with quiet_aiokafka():
+            await consumer.start()
+        tps = {p: TopicPartition(topic, p) for p in left}
+        consumer.assign(list(tps.values()))
+        for partition, tp in tps.items():
+            consumer.seek(tp, span.start.get(partition, 0))
+        done = 0
+        while left:
+            batches = await consumer.getmany(*[tps[p] for p in left], timeout_ms=1000)
+            for tp, records in batches.items():
+                stop = left.get(tp.partition)
+                for record in records:
+                    if stop is None or record.offset >= stop:
+                        break
+                    done += 1
+                    if record.value is not None and b"erase" in record.value:
+                        _note_erasure(record, secret, max_skew_ms, erased)
+                if records and stop is not None and records[-1].offset >= stop - 1:
+                    left.pop(tp.partition, None)
+            for partition in list(left):  # a partition whose end was deleted (retention)
+                if await consumer.position(tps[partition]) >= left[partition]:
+                    left.pop(partition)
+            progress.advance(done, count=done - progress.done)
+    finally:
+        await consumer.stop()
+        progress.close()
+    return erased
+
+
+def _note_erasure(record: Any, secret: bytes, max_skew_ms: int, erased: dict[str, int]) -> None:
+    """Note `record` in `erased` if it is an erase command the worker would apply."""
+    try:
+        event = decode_event(record.value, fallback_ts=record.timestamp)
+    except (DecodeError, IgnoredMessage):
+        return
+    key = event.user.encode()
+    if event.type != "erase" or record.key != key:
+        return
+    if record.timestamp and record.timestamp > 0 and event.at > record.timestamp + max_skew_ms:
+        return  # the worker dead-letters it (a clock too far ahead)
+    marker = marker_key(secret, key).hex()
+    erased[marker] = max(event.at, erased.get(marker, event.at))

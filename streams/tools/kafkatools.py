@@ -115,6 +115,44 @@ async def produce_events(
     return len(events)
 
 
+async def send_commands(
+    bootstrap: str,
+    topic: str,
+    commands: Sequence[Mapping[str, Any]],
+    client: Mapping[str, Any] | None = None,
+) -> list[tuple[int, int]]:
+    """Send command messages (msgpack) to `topic`, each keyed by its user (murmur2, the
+    partition the worker and the lookup API expect); (partition, offset) of each, once the
+    broker has them all.
+
+    Raises:
+        BrokerError: the broker went away.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **(client or {})
+    )
+    try:
+        with quiet_aiokafka():
+            await producer.start()
+        futures = [
+            await producer.send(
+                topic,
+                msgpack.packb(command),
+                key=str(command["user"]).encode(),
+                timestamp_ms=int(command["ts"]),
+            )
+            for command in commands
+        ]
+        return [((meta := await f).partition, meta.offset) for f in futures]
+    except KafkaConnectionError as exc:
+        raise BrokerError(no_broker_message(bootstrap)) from exc
+    except KafkaError as exc:
+        msg = f"sending to {topic} on {bootstrap} failed: {exc}"
+        raise BrokerError(msg) from exc
+    finally:
+        await producer.stop()
+
+
 QUIET_S = 5.0
 """With `--pretty`, a tally is printed once the outputs have been quiet this long."""
 
