@@ -30,6 +30,7 @@ from faust.types import TP
 
 from engine import Event, Replayer, create_state, explain, predict
 from schemas.config import load_config
+from schemas.events import decode_event
 from schemas.stored import StoredUser, decode_stored, encode_stored
 from streams.lookup import api as api_module
 from streams.lookup.api import Api, bind, build_web_app
@@ -551,6 +552,44 @@ async def test_reveal_appends_a_command_keyed_by_user(pair, http, config) -> Non
         assert r.status == 400
         assert (await r.json())["declared"] == sorted(config.intents)
     assert len(a.node.appended) == 1
+
+
+async def test_delete_appends_an_erase_command_keyed_by_user(pair, http) -> None:
+    """DELETE /v1/users/{user}: 202 with the command (the id the `erased` output names),
+    written keyed by the user to its partition; the worker applies it like any input."""
+    a, _ = pair
+    user = user_on(2)
+    async with http.delete(f"{a.url}/v1/users/{user}", json={"reason": "GDPR 118"}) as r:
+        assert r.status == 202
+        body = await r.json()
+    async with http.delete(f"{a.url}/v1/users/{user}") as r:  # no body: no reason
+        assert r.status == 202
+        bare = (await r.json())["command"]
+    [(key, value, partition), (_, second, _)] = a.node.appended
+    assert key == user.encode() and partition == 2 == body["partition"]
+    command = msgpack.unpackb(value)
+    assert command == body["command"]
+    assert {k: command[k] for k in ("user", "type", "reason")} == {
+        "user": user,
+        "type": "erase",
+        "reason": "GDPR 118",
+    }
+    assert command["id"].startswith("erase-") and command["id"] != bare["id"]
+    assert "reason" not in msgpack.unpackb(second)
+    event = decode_event(value)
+    assert (event.type, event.user, event.at, event.id) == (
+        "erase",
+        user,
+        command["ts"],
+        command["id"],
+    )
+    for bad in ({"reason": 5}, {"why": "x"}, ["x"]):
+        async with http.delete(f"{a.url}/v1/users/{user}", json=bad) as r:
+            assert r.status == 400, bad
+            assert "error" in await r.json()
+    async with http.delete(f"{a.url}/v1/users/{user}", data=b"{not json") as r:
+        assert r.status == 400
+    assert len(a.node.appended) == 2
 
 
 async def test_metrics_answer_openmetrics_when_the_scraper_asks(pair, http) -> None:

@@ -96,10 +96,11 @@ class Live:
         }
 
 
-def replayed(events, until=END_OF_TIME, config=CONFIG, clock=END_OF_TIME // 2):
+def replayed(events, until=END_OF_TIME, config=CONFIG, clock=END_OF_TIME // 2, erased=None):
     """The replay's outputs by id and final states; `clock` is the run's clock (as `Live`'s
-    default wall clock, so no event runs ahead of it unless a test says so)."""
-    outputs, run = replay_outputs(config, events, until=until, clock_ms=clock)
+    default wall clock, so no event runs ahead of it unless a test says so); `erased` the
+    erasures read ahead."""
+    outputs, run = replay_outputs(config, events, until=until, clock_ms=clock, erased=erased)
     by_id = {o.message["id"]: _json_like(o.message) for o in outputs if "error" not in o.message}
     return by_id, run.states()
 
