@@ -717,9 +717,9 @@ class Processor:
     ) -> None:
         """Skip an input of an erased user at or before its erase time (`erased`).
 
-        The partition's clock moves by it as it moved when the worker applied it before the
-        erasure, so every other user's outputs stay those of the live run. A clock running
-        too far ahead is refused first, as it was then.
+        Its time still moves the partition's clock, as it did when the worker applied it
+        before the erasure (the time contract reads the stream's event times, whoever they
+        belong to). A clock running too far ahead is refused first, as it was then.
         """
         ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
         if ahead is not None:

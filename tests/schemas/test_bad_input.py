@@ -428,7 +428,8 @@ BAD_INPUTS = [
         _json(_with(type=["event"])),
         None,
         DecodeError,
-        "field 'type' must be one of end, erase, event, page, revealed, screen, track (got list of 1)",
+        "field 'type' must be one of end, erase, event, page, revealed, screen, track "
+        "(got list of 1)",
         id="type-is-a-list",  # unhashable: was a TypeError in `kind in ...`
     ),
     # --- numbers ---
