@@ -127,14 +127,21 @@ def test_the_retired_grace_variable_is_refused_with_its_replacements() -> None:
 
 
 def test_secrets_are_neither_logged_nor_shown() -> None:
-    built = load_settings({"ORACULAR_SASL_PASSWORD": "pw-1", "ORACULAR_API_TOKEN": "tok-2"})
-    for secret in ("pw-1", "tok-2"):
+    built = load_settings(
+        {
+            "ORACULAR_SASL_PASSWORD": "pw-1",
+            "ORACULAR_API_TOKEN": "tok-2",
+            "ORACULAR_ERASURE_KEY": "key-3",
+        }
+    )
+    for secret in ("pw-1", "tok-2", "key-3"):
         assert secret not in describe(built) and secret not in repr(built)
     assert {row.name for row in SETTINGS if row.secret} == {
         "sasl_username",
         "sasl_password",
         "ssl_keyfile",
         "api_token",
+        "erasure_key",
     }
 
 
