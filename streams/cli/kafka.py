@@ -343,7 +343,8 @@ def run_forget(args: argparse.Namespace) -> int:
     _require_broker(settings, [topic])
     written = run(send_commands(settings.broker, topic, commands, settings.client_kwargs()))
     if written is None:  # interrupted
-        return fail("forget", "interrupted: some commands may not be written", "run it again")
+        what = "interrupted: the commands may or may not have been written"
+        return fail("forget", what, "run it again (a second erasure changes nothing)", EXIT_REFUSED)
     predictions = settings.topics.predictions.name
     for command, (partition, offset) in zip(commands, written, strict=True):
         print(

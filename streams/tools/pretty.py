@@ -84,6 +84,8 @@ def _prediction(message: Mapping[str, Any]) -> str:
         what = f"revealed {message.get('event')}"
     elif kind_of_input == "end":
         what = "sign-out"
+    elif kind_of_input == "erased":
+        what = f"ERASED by {message.get('event')}"
     else:
         what = str(message.get("event"))
     parts = []

@@ -73,6 +73,8 @@ def test_commands_are_named():
     end = {**PREDICTION, "type": "end", "event": None}
     assert "  revealed upgrade  " in format_message(revealed)
     assert "  sign-out  " in format_message(end)
+    erased = {**PREDICTION, "type": "erased", "event": "erase-1", "intents": {}}
+    assert format_message(erased).endswith("  ERASED by erase-1")
 
 
 def test_an_episode_close_shows_when_why_how_long_and_the_verdicts():
