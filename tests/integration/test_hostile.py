@@ -383,7 +383,7 @@ async def fuzz_a_worker(
     return seen
 
 
-OPERATIONS = 8
+OPERATIONS = 9
 """The document's operations but /openapi.json itself (schemathesis leaves the schema's own
 URL out)."""
 

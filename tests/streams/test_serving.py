@@ -522,6 +522,9 @@ async def test_token_is_required_except_for_livez(config, http) -> None:
             assert status == 401, path
         async with http.post(f"{a.url}/v1/users/u1/revealed", json={"intent": "upgrade"}) as r:
             assert r.status == 401
+        async with http.delete(f"{a.url}/v1/users/u1") as r:
+            assert r.status == 401  # nobody erases a user without the token
+        assert not a.node.appended
         status, body, _ = await get(http, f"{a.url}/livez")
         assert status == 200 and body["live"]
         auth = {"Authorization": "Bearer s3cret"}
