@@ -727,6 +727,8 @@ def _prepare_backfill(settings: Any, since: int | None) -> Any:
         markers = run(
             scan_erasures(settings.broker, events, span, secret, max_skew_ms=skew, client=client)
         )
+        if markers is None:  # Ctrl-C: a backfill without its erasures would bring users back
+            raise SystemExit(fail("backfill", "interrupted", "run it again", EXIT_REFUSED))
         span = dataclasses.replace(span, erased=markers)
     if since is not None:
         run(commit_start(settings.broker, settings.app_id, events, span.start, client))

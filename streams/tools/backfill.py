@@ -107,8 +107,9 @@ async def scan_erasures(
     max_skew_ms: int,
     client: Mapping[str, Any] | None = None,
 ) -> dict[str, int]:
-    """The erase commands of the range, read ahead: marker key (hex) -> the latest erase
-    time of its user. Only the commands the worker applies count: keyed by their user, and
+    """The erase commands up to the range's end, read ahead from the topic's start (a command
+    before `--since` still erases later inputs): marker key (hex) -> the latest erase time of
+    its user. Only the commands the worker applies count: keyed by their user, and
     not dated beyond the allowed skew past their record's timestamp. A value without the bytes
     `erase` is not decoded (nearly every record: the read costs little more than the fetch).
     """
@@ -121,15 +122,15 @@ async def scan_erasures(
         **(client or {}),
     )
     erased: dict[str, int] = {}
-    left = {p: o for p, o in span.stop.items() if o > span.start.get(p, 0)}
-    progress = Progress("backfill: reading ahead for erase commands", span.total, unit="messages")
+    left = {p: o for p, o in span.stop.items() if o > 0}
+    total = sum(left.values())  # at most: the broker may have deleted the oldest
+    progress = Progress("backfill: reading ahead for erase commands", total, unit="messages")
     try:
         with quiet_aiokafka():
             await consumer.start()
         tps = {p: TopicPartition(topic, p) for p in left}
         consumer.assign(list(tps.values()))
-        for partition, tp in tps.items():
-            consumer.seek(tp, span.start.get(partition, 0))
+        await consumer.seek_to_beginning(*tps.values())
         done = 0
         while left:
             batches = await consumer.getmany(*[tps[p] for p in left], timeout_ms=1000)

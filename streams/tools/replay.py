@@ -265,6 +265,7 @@ class OfflineRun:
             for key, slot in self._batch.slots.items()
             if slot.dirty
         )
+        self.processor.erasures.written()  # its markers stay in memory: nothing to undo
         self._batch = self._new_batch()
         self._pending = 0
 
