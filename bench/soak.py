@@ -314,8 +314,9 @@ def check_replay(
             index += 1
             if n % PROGRESS_EVERY == 0:
                 say(f"replayed {n:,} records")
-        for output in run.finish(until):
-            published.check(output.message)
+        for chunk in run.finish_chunks(until):
+            for output in chunk:
+                published.check(output.message)
     finally:
         run.close()
     published.extra()

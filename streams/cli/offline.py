@@ -259,7 +259,8 @@ def _replay(
             config_run.clock_ms,
         )
         _feed(config_run, lines, out, _ProgressOf(handle, progress))
-        _write(out, config_run.finish(END_OF_TIME if until is None else until))
+        for outputs in config_run.finish_chunks(END_OF_TIME if until is None else until):
+            _write(out, outputs)
     except EventFileError as exc:  # raised before any line: the file cannot be read at all
         return fail("replay", f"{source}: {exc}", input_todo(file_format(source, args.format)))
     finally:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from schemas.stored import StoredUser, encode_stored
 from streams.runtime.processor import StateCache, Table
@@ -40,6 +40,12 @@ SORTED: Final = b"t"
 """Key prefix of the keys `sorted_keys` sorts on disk."""
 WRITE_BUFFER: Final = 16 << 20
 """RocksDB's memory for writes before they go to a file (its default is 64 MiB)."""
+BLOCK_CACHE: Final = 16 << 20
+"""RocksDB's cache of file blocks read: a user read back is seldom read again soon (it is
+then held decoded), so little is gained beyond the index and filter blocks."""
+BLOOM_BITS: Final = 10
+"""Bloom filter bits per key: a new user's read (most reads of a first run over a history)
+is answered without reading a data block."""
 SORT_BATCH: Final = 10_000
 
 
@@ -56,6 +62,11 @@ class Spill:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_write_buffer_size(WRITE_BUFFER)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(BLOOM_BITS, False)
+        table.set_block_cache(Cache(BLOCK_CACHE))
+        table.set_cache_index_and_filter_blocks(True)  # bounded by the cache, not by the data
+        options.set_block_based_table_factory(table)
         self.db = Rdict(str(self.path), options)
         self.next = 0
         """The next user's sequence number."""
@@ -125,15 +136,25 @@ class Spill:
         it.status()  # raises the error an iteration stopped on: never a short read
 
 
+def _number_on(spill: Spill, key: bytes) -> int | None:
+    """The user's sequence number on disk (None: not there)."""
+    found = spill.get(key)
+    return None if found is None else found[0]
+
+
 class SpillTable(Table):
     """The state table an offline run reads users from when they are not in memory."""
 
     def __init__(self) -> None:
         self.spill: Spill | None = None
+        self.numbers: dict[bytes, int | None] = {}
+        """The sequence number of each user read since `HeldUsers.keep` last ran (None: not
+        on disk), so `keep` need not read the user again."""
 
     def get(self, key: bytes, partition: int) -> bytes | None:
         """The user's stored value on disk, or None."""
         found = None if self.spill is None else self.spill.get(key)
+        self.numbers[key] = None if found is None else found[0]
         return None if found is None else found[1]
 
     def set(self, key: bytes, value: bytes | None, partition: int) -> None:
@@ -166,6 +187,7 @@ class HeldUsers(StateCache):
     def keep(self, changed: Iterable[tuple[bytes, StoredUser | None]]) -> None:
         """Hold the users a batch changed (None: the user expired and is forgotten)."""
         users, first, spill = self.users, self.first, self.table.spill
+        read, self.table.numbers = self.table.numbers, {}
         new: list[bytes] = []
         gone: list[bytes] = []
         for key, user in changed:
@@ -182,11 +204,11 @@ class HeldUsers(StateCache):
                     first[key] = None
                 else:
                     assert spill is not None
-                    found = spill.get(key)
-                    if found is None:
+                    number = read[key] if key in read else _number_on(spill, key)
+                    if number is None:
                         new.append(key)
                     else:
-                        self.numbers[key] = found[0]
+                        self.numbers[key] = number
             users[key] = user
             users.move_to_end(key)
         if spill is not None and (new or gone):

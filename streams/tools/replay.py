@@ -151,10 +151,16 @@ class OfflineRun:
         return self._after_one()
 
     def finish(self, until: int = END_OF_TIME) -> list[Output]:
+        """`finish_chunks` as one list."""
+        return [output for chunk in self.finish_chunks(until) for output in chunk]
+
+    def finish_chunks(self, until: int = END_OF_TIME) -> Iterator[list[Output]]:
         """Close the episodes due by the final watermark `until`, in the order of their
         deadlines (then users), as the worker's timer closes them; then delete the users
-        expired by then (`stateTtl`). The last outputs."""
-        outputs = self._batch.outputs
+        expired by then (`stateTtl`). The last outputs, a chunk of users at a time (a history's
+        end closes an episode of nearly every user: held at once, they were most of the run's
+        memory)."""
+        yield self._batch.outputs
         self._store()
         processor, tick = self.processor, InMessage(TICKS, 0, 0, None, None, None)
         timeout, ttl = self.config.episode_timeout_ms, self.config.state_ttl_ms
@@ -163,7 +169,7 @@ class OfflineRun:
                 processor.open = {0: {key: deadline for deadline, key in chunk}}
                 processor.deadlines = {0: chunk}  # sorted: a heap already
                 processor.close_due(self._batch, tick, until)
-                outputs += self._batch.outputs
+                yield self._batch.outputs
                 self._store()
             processor.open, processor.deadlines = {}, {}
         if ttl is not None:
@@ -171,10 +177,9 @@ class OfflineRun:
             for chunk in _chunks(expired, FINISH_CHUNK):
                 processor.expiries = {0: OrderedDict(chunk)}
                 processor.expire_due(self._batch, tick, until)
-                outputs += self._batch.outputs
+                yield self._batch.outputs
                 self._store()
             processor.expiries = {}
-        return outputs
 
     def states(self) -> dict[str, EngineState]:
         """Each user's final state (after `finish`), read back from its stored bytes."""
