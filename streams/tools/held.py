@@ -21,7 +21,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    DBCompactionStyle,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+)
 
 from schemas.stored import StoredUser, encode_stored
 from streams.runtime.processor import StateCache, Table
@@ -67,6 +76,11 @@ class Spill:
         table.set_block_cache(Cache(BLOCK_CACHE))
         table.set_cache_index_and_filter_blocks(True)  # bounded by the cache, not by the data
         options.set_block_based_table_factory(table)
+        # Every user is written again and again: leveled compaction rewrote each value many
+        # times over, most of a replay's CPU at 300,000 users (210 CPU-s against 89 with
+        # universal compaction, BENCHMARKS.md). The files are temporary: no compression.
+        options.set_compaction_style(DBCompactionStyle.universal())
+        options.set_compression_type(DBCompressionType.none())
         self.db = Rdict(str(self.path), options)
         self.next = 0
         """The next user's sequence number."""
