@@ -9,7 +9,7 @@ import heapq
 import io
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -79,18 +79,7 @@ async def produce_events(
         BrokerError: the broker went away.
     """
     shift = 0 if now_ms is None or not events else now_ms - max(e.at for e in events)
-    # Idempotent: a batch retried after a lost acknowledgement (a leader that moved) is not
-    # written twice. A copy would be a new offset, applied as a second event.
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=5,
-        **(client or {}),
-    )
-    try:
-        with quiet_aiokafka():
-            await producer.start()
+    async with _idempotent_producer(bootstrap, topic, client) as producer:
         for n, event in enumerate(events, start=1):
             shifted = dataclasses.replace(event, at=event.at + shift)
             # The record timestamp is the event time, so `backfill --since` finds it.
@@ -105,13 +94,6 @@ async def produce_events(
             if progress is not None:
                 progress.advance(n)
         await producer.flush()
-    except KafkaConnectionError as exc:
-        raise BrokerError(no_broker_message(bootstrap)) from exc
-    except KafkaError as exc:
-        msg = f"sending to {topic} on {bootstrap} failed: {exc}"
-        raise BrokerError(msg) from exc
-    finally:
-        await producer.stop()
     return len(events)
 
 
@@ -128,12 +110,7 @@ async def send_commands(
     Raises:
         BrokerError: the broker went away.
     """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **(client or {})
-    )
-    try:
-        with quiet_aiokafka():
-            await producer.start()
+    async with _idempotent_producer(bootstrap, topic, client) as producer:
         futures = [
             await producer.send(
                 topic,
@@ -144,6 +121,28 @@ async def send_commands(
             for command in commands
         ]
         return [((meta := await f).partition, meta.offset) for f in futures]
+
+
+@contextlib.asynccontextmanager
+async def _idempotent_producer(
+    bootstrap: str, topic: str, client: Mapping[str, Any] | None
+) -> AsyncIterator[AIOKafkaProducer]:
+    """A started producer for `topic`, stopped at the end; the broker's errors as BrokerError.
+
+    Idempotent: a batch retried after a lost acknowledgement (a leader that moved) is not
+    written twice. A copy would be a new offset, applied as a second input.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        **(client or {}),
+    )
+    try:
+        with quiet_aiokafka():
+            await producer.start()
+        yield producer
     except KafkaConnectionError as exc:
         raise BrokerError(no_broker_message(bootstrap)) from exc
     except KafkaError as exc:

@@ -5,7 +5,6 @@ deleting) and the lookup API's replica, while the outputs equal the offline repl
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -41,6 +40,7 @@ from .worker_support import (
     output_problems,
     produce_events,
     read_all,
+    run_backfill,
     sentinels,
     wait_committed,
 )
@@ -51,7 +51,6 @@ DAY_MS = 24 * 3600 * 1000
 TTL = "15d"  # the example config's longest attribution is 14d and its timeout 30m
 COMEBACK_DAYS = 20
 CLI_TIMEOUT_S = 60.0
-BACKFILL_TIMEOUT_S = 180.0  # start Faust, join, create the changelog, drain, tick, stop: 2 cores
 
 
 def ttl_config(tmp_path: Path) -> Path:
@@ -236,25 +235,7 @@ async def test_an_erased_user_leaves_store_changelog_and_replica_and_no_backfill
 
     # A backfill of the whole topic, under a fresh app id: the erasures are read ahead.
     app_id = dep.app_id + "-bf"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        **dep.env(ORACULAR_TICK_INTERVAL_S="0.5"),
-        "ORACULAR_BROKER": kafka,
-        "ORACULAR_DATADIR": str(tmp_path / "backfill"),
-    }
-    argv = [sys.executable, "-m", "streams.cli", "backfill", "--config", str(dep.config_path)]
-    argv += ["--app-id", app_id, "--output-suffix", ".bf"]
-    done = await asyncio.to_thread(
-        subprocess.run,
-        argv,
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=BACKFILL_TIMEOUT_S,
-        check=False,
-    )
+    done = await run_backfill(dep, app_id, tmp_path / "backfill")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the inputs of 2 erased user(s) skipped" in done.stderr
     ahead = expected_outputs(

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +27,6 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
 from engine import END_OF_TIME, EngineConfig, Event
-from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.outputs import decode_output, episode_id
 from streams.tools.replay import replay_outputs
@@ -54,6 +50,7 @@ from .worker_support import (
     output_problems,
     partition_of,
     read_all,
+    run_backfill,
     sentinels,
     stream_shape,
     wait_committed,
@@ -68,7 +65,6 @@ YEAR_MS = 365 * DAY_MS
 FAST_TICK_S = "0.25"
 DEFAULT_LATENESS_MS = 120_000  # streams.settings.Settings.lateness_ms
 DEFAULT_MAX_SKEW_MS = 60_000  # streams.settings.Settings.max_skew_ms
-BACKFILL_TIMEOUT_S = 180.0  # start Faust, join, create the changelog, drain, tick, stop: 2 cores
 CLOSE_TIMEOUT_S = 30.0  # a close the watermark made due has been published
 
 
@@ -664,25 +660,7 @@ async def test_backfill_of_newer_then_older_data_equals_the_replay(
     await produce_paced(kafka, dep.topics.events.name, [timed(e) for e in order])
 
     app_id = dep.app_id + "-bf"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        **dep.env(ORACULAR_TICK_INTERVAL_S="0.5"),
-        "ORACULAR_BROKER": kafka,
-        "ORACULAR_DATADIR": str(tmp_path / "state"),
-    }
-    argv = [sys.executable, "-m", "streams.cli", "backfill", "--config", str(dep.config_path)]
-    argv += ["--app-id", app_id, "--output-suffix", ".bf"]
-    done = await asyncio.to_thread(
-        subprocess.run,
-        argv,
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=BACKFILL_TIMEOUT_S,
-        check=False,
-    )
+    done = await run_backfill(dep, app_id, tmp_path / "state")
     assert done.returncode == 0, done.stderr[-3000:]
     handled = f"applied={len(events)}, redelivered=0, duplicate_id=0, dead_lettered=0"
     assert f"complete: {handled}" in done.stderr

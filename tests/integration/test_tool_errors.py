@@ -61,6 +61,7 @@ async def _topics_named(kafka: str, prefix: str) -> list[str]:
         ("tail", ["--max", "1"], "topics {p}.predictions, {p}.episodes, {p}.events.dlq do"),
         ("tail", ["--topics", "dlq", "--max", "1"], "topic {p}.events.dlq does"),
         ("backfill", ["--config", str(CONFIG)], "topic {p}.events does"),
+        ("forget", ["u1", "--reason", "asked"], "topic {p}.events does"),
     ],
 )
 def test_a_missing_topic_is_one_line_and_exit_69(kafka, name, tmp_path, command, args, missing):

@@ -8,8 +8,10 @@ was seen.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,6 +26,7 @@ from aiokafka.structs import RecordMetadata
 
 from bench.synthetic import FILLER, clickstream, closing_marks
 from engine import END_OF_TIME, EngineConfig, Event, close_if_due, serialize
+from infra.broker import REPO_ROOT
 from schemas.config import load_config
 from schemas.events import encode_event as schema_encode_event
 from schemas.outputs import decode_output
@@ -551,3 +554,32 @@ def last_summary(log: str) -> dict[str, int]:
     lines = SUMMARY.findall(log)
     assert lines, "the worker logged no summary line"
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)\b", lines[-1]) if k != "events_per_s"}
+
+
+BACKFILL_TIMEOUT_S = 180.0  # start Faust, join, create the changelog, drain, tick, stop: 2 cores
+
+
+async def run_backfill(
+    dep: Deployment, app_id: str, datadir: Path
+) -> subprocess.CompletedProcess[str]:
+    """`oracular backfill` of `dep`'s input topic under `app_id`, its outputs to the `.bf`
+    topics; the finished process (the caller checks its exit and summary)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        **dep.env(ORACULAR_TICK_INTERVAL_S="0.5"),
+        "ORACULAR_BROKER": dep.bootstrap,
+        "ORACULAR_DATADIR": str(datadir),
+    }
+    argv = [sys.executable, "-m", "streams.cli", "backfill", "--config", str(dep.config_path)]
+    argv += ["--app-id", app_id, "--output-suffix", ".bf"]
+    return await asyncio.to_thread(
+        subprocess.run,
+        argv,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=BACKFILL_TIMEOUT_S,
+        check=False,
+    )
