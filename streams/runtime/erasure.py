@@ -108,14 +108,15 @@ class Erasures:
     def learn(self, users: Mapping[str, int]) -> None:
         """Know these users (id -> erase time) as erased: read ahead from the input."""
         for user, erased_at in users.items():
-            marker = self.key(user.encode())
-            self.known[marker] = max(erased_at, self.known.get(marker, erased_at))
+            self._know(self.key(user.encode()), erased_at)
 
     def learn_markers(self, markers: Mapping[str, int]) -> None:
         """Know these markers (hex key -> erase time) as erased: read ahead by a backfill."""
         for marker, erased_at in markers.items():
-            key = bytes.fromhex(marker)
-            self.known[key] = max(erased_at, self.known.get(key, erased_at))
+            self._know(bytes.fromhex(marker), erased_at)
+
+    def _know(self, marker: bytes, erased_at: int) -> None:
+        self.known[marker] = max(erased_at, self.known.get(marker, erased_at))
 
     def erased_at(self, user_key: bytes, partition: int) -> int | None:
         """The user's latest erase time, or None if it was never erased."""

@@ -705,12 +705,7 @@ class Processor:
             self.count_input("redelivered", message.partition)
             slot.dirty = True
             return True
-        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
-        if ahead is not None:
-            self.counts["clock_ahead"] += 1
-            self.dead_letter(batch, message, ahead)
-            return True
-        return False
+        return self._refused_ahead(batch, message, event.at, wall_ms)
 
     def _skip_erased(
         self, batch: Batch, message: InMessage, event: Event, wall_ms: int | None
@@ -721,10 +716,7 @@ class Processor:
         before the erasure (the time contract reads the stream's event times, whoever they
         belong to). A clock running too far ahead is refused first, as it was then.
         """
-        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
-        if ahead is not None:
-            self.counts["clock_ahead"] += 1
-            self.dead_letter(batch, message, ahead)
+        if self._refused_ahead(batch, message, event.at, wall_ms):
             return
         clock = self._clock(message.partition)
         if clock.event_time is None or event.at > clock.event_time:
@@ -740,11 +732,8 @@ class Processor:
         except DecodeError as exc:
             self.dead_letter(batch, message, str(exc))
             return
-        ahead = self._too_far_ahead(event.at, message.timestamp_ms, wall_ms)
-        if ahead is not None:  # an erase time in the future would erase what is yet to come
-            self.counts["clock_ahead"] += 1
-            self.dead_letter(batch, message, ahead)
-            return
+        if self._refused_ahead(batch, message, event.at, wall_ms):
+            return  # an erase time in the future would erase what is yet to come
         partition = message.partition
         erasures = self.erasures
         marker = erasures.key(key)
@@ -757,10 +746,7 @@ class Processor:
         batch.slots[key] = _Slot(fresh, partition, dirty=True, gone=True)
         self.quarantined.discard(key)  # an unreadable state is deleted like any other
         self.counts["quarantined"] = len(self.quarantined)
-        self.open.get(partition, {}).pop(key, None)
-        queue = self.expiries.get(partition)
-        if queue is not None:
-            queue.pop(key, None)
+        self._unindex(partition, key)
         erasures.record(partition, marker, erased_at)
         batch.markers[marker] = (marker, encode_marker(partition, erased_at, event.id), partition)
         batch.outputs.append(message_out)
@@ -846,6 +832,17 @@ class Processor:
         if early:
             self.counts["ids_forgotten_early"] += early
         return recent
+
+    def _refused_ahead(
+        self, batch: Batch, message: InMessage, at: int, wall_ms: int | None
+    ) -> bool:
+        """Dead-letter the input if its time `at` runs too far ahead (`clock_ahead`)."""
+        ahead = self._too_far_ahead(at, message.timestamp_ms, wall_ms)
+        if ahead is None:
+            return False
+        self.counts["clock_ahead"] += 1
+        self.dead_letter(batch, message, ahead)
+        return True
 
     def _too_far_ahead(self, at: int, record_ms: int | None, clock_ms: int | None) -> str | None:
         """Why an input at `at` is refused, or None: its time runs more than the allowed skew
@@ -1089,6 +1086,10 @@ class Processor:
         slot.partition = partition
         slot.dirty = slot.gone = True
         self.counts["expired"] += 1
+        self._unindex(partition, key)
+
+    def _unindex(self, partition: int, key: bytes) -> None:
+        """Take a deleted user out of the deadline and expiry indexes."""
         self.open.get(partition, {}).pop(key, None)
         queue = self.expiries.get(partition)
         if queue is not None:
